@@ -1,0 +1,1 @@
+"""Thin command-line shells over maskjax.studies, one per study."""

@@ -1,0 +1,121 @@
+"""Boolean generalisation-on-the-unseen study: python -m experiments.boolean --seeds=8
+
+Every (task, method) pair trains all its seeds as one vmapped batch. Writes results.jsonl
+(one record per task, method and seed), summary.md (mean +- std, with the MDI's own scores),
+config.json and PNG plots to --out; results are rewritten atomically after every batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.cli import Parser, name_list, positive_float, positive_int, progress, run_main
+from maskjax import priors, report
+from maskjax.methods import METHODS
+from maskjax.studies import boolean as study
+from maskjax.tasks.boolean import TASKS
+
+KEYS = ("acc_all", "acc_unseen", "mse", "train_loss")
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.boolean", description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
+    p.add_argument("--tasks", type=name_list, default=["2parity"], help=f"comma list of {','.join(TASKS)}")
+    p.add_argument(
+        "--methods",
+        type=name_list,
+        default=["vanilla", "mask", "mask_fixed", "mask_zero"],
+        help=f"comma list of {','.join(METHODS)}",
+    )
+    p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
+    p.add_argument("--out", type=Path, default=Path("results/boolean"), help="output folder")
+    p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
+    p.add_argument("--learning-rate", type=positive_float, help="one learning rate for every task")
+    p.add_argument("--dim", type=positive_int, help="model width")
+    p.add_argument("--depth", type=positive_int, help="number of blocks")
+    p.add_argument("--heads", type=positive_int, help="attention heads")
+    p.add_argument("--head-dim", type=positive_int, help="width of each head")
+    p.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
+    p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
+    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
+    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+    return p.parse_args(argv)
+
+
+def resolve_config(args) -> study.BooleanConfig:
+    config = study.get_preset(args.preset)
+    model = dataclasses.replace(
+        config.model,
+        **{k: v for k in ("dim", "depth", "heads", "head_dim", "mlp_dim") if (v := getattr(args, k)) is not None},
+    )
+    schedules = config.schedules
+    if args.learning_rate is not None:
+        schedules = {task: (args.learning_rate, epochs) for task, (_, epochs) in schedules.items()}
+    overrides = {
+        k: v for k in ("steps", "row_policy", "open_value", "closed_value") if (v := getattr(args, k)) is not None
+    }
+    config = dataclasses.replace(config, model=model, schedules=schedules, **overrides)
+    if config.row_policy not in priors.ROW_POLICIES:
+        raise ValueError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
+    return config
+
+
+def write_outputs(out: Path, records: list[dict], reference: list[dict]) -> str:
+    report.write_jsonl(out / "results.jsonl", records)
+    table = report.summary_table(reference + records, KEYS, ("task", "method"))
+    report.write_atomic(out / "summary.md", "# Boolean GOTU study\n\n" + table)
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = resolve_config(args)
+    tasks, methods = study.resolve(args.tasks, args.methods)
+    out = report.ensure_writable_dir(args.out)
+    env = report.environment()
+    resolved = {
+        "study": "boolean",
+        "tasks": args.tasks,
+        "methods": args.methods,
+        "seeds": list(range(args.seeds)),
+        **dataclasses.asdict(config),
+        "train": {t.name: dataclasses.asdict(config.train_config(t)) for t in tasks},
+        "environment": env,
+    }
+    report.write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
+    meta = {"config": {k: v for k, v in resolved.items() if k != "environment"}, **env}
+    seeds = list(range(args.seeds))
+    records: list[dict] = []
+    reference = [study.mdi_record(t) for t in tasks]
+    for task in tasks:
+        maps = {}
+        for method in methods:
+            batch, maps[method.name] = study.run_batch(task, method, seeds, config, progress)
+            records += [{**r, **meta} for r in batch]
+            write_outputs(out, records, reference)
+        plot_task(out, task, config, maps)
+    report.plot_accuracy(reference + records, out / "accuracy.png")
+    print(write_outputs(out, records, reference), end="")
+    print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
+    return 0
+
+
+def plot_task(out: Path, task, config: study.BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:
+    """The mask prior and, for vanilla and mask (seed 0), the layer-0 attention at init and after training."""
+    labels = ["CLS", *[f"x{i}" for i in range(task.n_bits)]]
+    panels = {f"prior: open ({config.row_policy})": study.oracle_pattern(task, config).astype(float)}
+    for name in ("vanilla", "mask"):
+        if name in maps:
+            panels[f"{name} layer 0, init"] = maps[name]["init"][0]
+            panels[f"{name} layer 0, trained"] = maps[name]["final"][0]
+    report.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,204 @@
+"""Attention with a learnable additive logit bias: softmax(QK^T/sqrt(d) + log_sigmoid(M)).
+
+`masked_attention` is the whole method as one pure function. `MaskedSelfAttention`
+(Flax linen) and `NNXMaskedSelfAttention` (Flax NNX) only add parameters around it,
+so either can be dropped into another model with one import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import nnx
+
+MaskMode = Literal["none", "learnable", "fixed"]
+MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
+
+
+def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: int, kv_len: int) -> None:
+    """Raise ValueError unless `mask_logits` broadcasts to [heads, q_len, kv_len] and is finite.
+
+    The finiteness check runs only on concrete arrays; under a trace it is skipped.
+    """
+    target = (heads, q_len, kv_len)
+    shape = tuple(np.shape(mask_logits))
+    try:
+        if np.broadcast_shapes(shape, target) != target:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"mask_logits of shape {shape} does not broadcast to [heads, q_len, kv_len] = {list(target)}"
+        ) from None
+    if not isinstance(mask_logits, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(mask_logits))):
+        raise ValueError(f"mask_logits of shape {shape} contains NaN or infinite values")
+
+
+def attention_weights(
+    q: jax.Array, k: jax.Array, mask_logits: jax.Array | None = None, *, mask_scale: float | jax.Array = 1.0
+) -> jax.Array:
+    """Attention probabilities [batch..., heads, q_len, kv_len] for q, k in [batch..., length, heads, head_dim]."""
+    *_, q_len, heads, head_dim = q.shape
+    dtype = jnp.result_type(q.dtype, k.dtype)
+    logits_BHQK = jnp.einsum("...qhd,...khd->...hqk", q, k) / jnp.sqrt(jnp.asarray(head_dim, dtype))
+    if mask_logits is not None:
+        check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
+        bias = jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
+        logits_BHQK = logits_BHQK + bias
+    return jax.nn.softmax(logits_BHQK, axis=-1)
+
+
+def masked_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask_logits: jax.Array | None = None,
+    *,
+    mask_scale: float | jax.Array = 1.0,
+) -> jax.Array:
+    """softmax(q.k / sqrt(head_dim) + log_sigmoid(mask_scale * mask_logits)) @ v.
+
+    q, k, v: [batch..., length, heads, head_dim] (Flax layout). mask_logits broadcasts to
+    [heads, q_len, kv_len]; None gives plain attention. log_sigmoid <= 0, so the bias can only
+    close entries; a row with every entry closed is uniform again after softmax.
+    Returns [batch..., q_len, heads, head_dim] in q's dtype.
+    """
+    weights_BHQK = attention_weights(q, k, mask_logits, mask_scale=mask_scale)
+    return attend(weights_BHQK, v).astype(q.dtype)
+
+
+def attend(weights_BHQK: jax.Array, v: jax.Array) -> jax.Array:
+    """Mix values [batch..., kv_len, heads, head_dim] with attention weights."""
+    return jnp.einsum("...hqk,...khd->...qhd", weights_BHQK, v.astype(weights_BHQK.dtype))
+
+
+def constant_init(value: jax.Array | np.ndarray) -> MaskInit:
+    """An initializer that broadcasts a fixed pattern to the requested shape."""
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+        del key
+        return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
+
+    return init
+
+
+def _as_initializer(mask_init: MaskInit | jax.Array | np.ndarray | None) -> MaskInit:
+    if mask_init is None:
+        return nn.initializers.zeros
+    if callable(mask_init):
+        return mask_init
+    return constant_init(mask_init)
+
+
+# Matches torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as in the GOTU reference code.
+torch_linear_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
+
+
+class MaskedSelfAttention(nn.Module):
+    """Multi-head self-attention with an optional per-head N x N logit bias.
+
+    mask_mode: "none" (plain attention), "learnable" (param `mask_logits`) or "fixed"
+    (a constant in the `constants` collection, which the optimizer never sees).
+    mask_init: array broadcastable to [heads, N, N], or an initializer; used at init only.
+    Attention weights are sown into `intermediates/attention` when that collection is mutable.
+    """
+
+    heads: int
+    head_dim: int
+    mask_mode: MaskMode = "none"
+    mask_init: MaskInit | jax.Array | np.ndarray | None = None
+    mask_scale: float = 1.0
+    out_features: int | None = None
+    kernel_init: Callable = torch_linear_init
+
+    @nn.compact
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        length, features = x_BLD.shape[-2], x_BLD.shape[-1]
+        qkv = nn.DenseGeneral((3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, name="qkv")(
+            x_BLD
+        )
+        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        mask_logits = self.mask_logits(length)
+        weights = attention_weights(q, k, mask_logits, mask_scale=self.mask_scale)
+        self.sow("intermediates", "attention", weights)
+        out = attend(weights, v).astype(x_BLD.dtype)
+        return nn.DenseGeneral(
+            self.out_features or features,
+            axis=(-2, -1),
+            kernel_init=self.kernel_init,
+            bias_init=torch_bias_init(self.heads * self.head_dim),
+            name="out",
+        )(out)
+
+    def mask_logits(self, length: int) -> jax.Array | None:
+        shape = (self.heads, length, length)
+        init = _as_initializer(self.mask_init)
+        if self.mask_mode == "none":
+            return None
+        if self.mask_mode == "learnable":
+            return self.param("mask_logits", init, shape, jnp.float32)
+        if self.mask_mode == "fixed":
+            key = self.make_rng("params") if self.is_initializing() else None
+            return self.variable("constants", "mask_logits", init, key, shape, jnp.float32).value
+        raise ValueError(f"unknown mask_mode {self.mask_mode!r}; expected 'none', 'learnable' or 'fixed'")
+
+
+def torch_bias_init(fan_in: int) -> Callable:
+    bound = 1.0 / np.sqrt(fan_in)
+
+    def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class FixedMask(nnx.Variable):
+    """An NNX variable the optimizer does not see (filter on nnx.Param)."""
+
+
+class NNXMaskedSelfAttention(nnx.Module):
+    """The NNX twin of `MaskedSelfAttention`, same parameter layout and same numerics."""
+
+    def __init__(
+        self,
+        features: int,
+        heads: int,
+        head_dim: int,
+        length: int,
+        *,
+        mask_mode: MaskMode = "none",
+        mask_init: MaskInit | jax.Array | np.ndarray | None = None,
+        mask_scale: float = 1.0,
+        out_features: int | None = None,
+        rngs: nnx.Rngs,
+    ):
+        self.heads, self.head_dim, self.mask_scale = heads, head_dim, mask_scale
+        self.qkv = nnx.LinearGeneral(
+            features, (3, heads, head_dim), use_bias=False, kernel_init=torch_linear_init, rngs=rngs
+        )
+        self.out = nnx.LinearGeneral(
+            (heads, head_dim),
+            out_features or features,
+            axis=(-2, -1),
+            kernel_init=torch_linear_init,
+            bias_init=torch_bias_init(heads * head_dim),
+            rngs=rngs,
+        )
+        shape = (heads, length, length)
+        if mask_mode == "none":
+            self.mask_logits = None
+        elif mask_mode in ("learnable", "fixed"):
+            value = _as_initializer(mask_init)(rngs.params(), shape, jnp.float32)
+            self.mask_logits = nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
+        else:
+            raise ValueError(f"unknown mask_mode {mask_mode!r}; expected 'none', 'learnable' or 'fixed'")
+
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        qkv = self.qkv(x_BLD)
+        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        mask = None if self.mask_logits is None else self.mask_logits[...]
+        return self.out(masked_attention(q, k, v, mask, mask_scale=self.mask_scale))

@@ -1,0 +1,49 @@
+"""The method registry: where each method puts its prior, and how it is set.
+
+Methods are data. A study asks the registry by name and builds its model from the fields;
+adding a method is one `register` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from maskjax.attention import MaskMode
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """mask_mode: where an attention bias lives; mask_pattern: what it starts from.
+
+    mask_pattern "oracle" uses the task's interaction pattern with the study's open/closed
+    values, "zero" an all-zero M (log_sigmoid(0) = -log 2 everywhere: the same as no mask).
+    qk_init names the Q/K initialisation ("default" for the framework's own).
+    """
+
+    name: str
+    mask_mode: MaskMode = "none"
+    mask_pattern: str = "none"
+    qk_init: str = "default"
+    description: str = ""
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    if method.name in METHODS:
+        raise ValueError(f"method {method.name!r} is already registered")
+    METHODS[method.name] = method
+    return method
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+register(Method("vanilla", description="plain attention, framework initialisation"))
+register(Method("mask", "learnable", "oracle", description="learnable mask from the task's oracle pattern"))
+register(Method("mask_fixed", "fixed", "oracle", description="the oracle mask held constant"))
+register(Method("mask_zero", "learnable", "zero", description="learnable mask initialised to zero"))

@@ -1,0 +1,5 @@
+"""Models with the masked attention inside."""
+
+from maskjax.models.gotu import GotuTransformer, ModelConfig
+
+__all__ = ["GotuTransformer", "ModelConfig"]

@@ -1,0 +1,49 @@
+"""Mask priors as (n_bits+1) x (n_bits+1) patterns over the tokens [CLS, x_0, ..., x_{n-1}].
+
+A pattern is a boolean "open" matrix; `mask_logits` turns it into the logits M with the
+open and closed values. Rows are queries, columns keys. log_sigmoid(M) can only close entries
+and an all-closed row is uniform again after softmax, so every policy keeps one open entry per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROW_POLICIES = {
+    "diagonal": "members see their groups; CLS sees itself and every member; other bits see only themselves",
+    "members": "members see their groups; CLS and the other bits see every member (and nothing else)",
+    "cls_all": "as 'diagonal', but the CLS row is fully open",
+}
+
+
+def group_pattern(n_bits: int, groups: Sequence[Sequence[int]], row_policy: str = "diagonal") -> np.ndarray:
+    """Open within each group of interacting bits; the remaining rows follow `row_policy`."""
+    if row_policy not in ROW_POLICIES:
+        raise ValueError(f"unknown row policy {row_policy!r}; known: {', '.join(ROW_POLICIES)}")
+    size = n_bits + 1
+    for group in groups:
+        if any(not 0 <= b < n_bits for b in group):
+            raise ValueError(f"group {tuple(group)} names a bit outside 0..{n_bits - 1}")
+    members = sorted({b + 1 for group in groups for b in group})
+    open_ = np.zeros((size, size), bool)
+    for group in groups:
+        tokens = [b + 1 for b in group]
+        open_[np.ix_(tokens, tokens)] = True
+    outsiders = [t for t in range(size) if t not in members]
+    if row_policy == "members":
+        open_[np.ix_(outsiders, members)] = True
+    else:
+        open_[outsiders, outsiders] = True
+        open_[0, members] = True
+        if row_policy == "cls_all":
+            open_[0, :] = True
+    return open_
+
+
+def mask_logits(pattern: np.ndarray | jax.Array, open_value: float | jax.Array, closed_value: float | jax.Array):
+    """M = open_value where the pattern is open, closed_value elsewhere (values may be traced per run)."""
+    return jnp.where(jnp.asarray(pattern, bool), jnp.asarray(open_value, jnp.float32), closed_value).astype(jnp.float32)

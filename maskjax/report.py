@@ -1,0 +1,170 @@
+"""Results files, mean +- std tables and plots. Every file is written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside `path`, then rename: a reader sees the old file or the new, never a torn one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def git_commit() -> str:
+    """The commit of the code that ran, with '+dirty' when the tree has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def environment() -> dict:
+    """What a result needs beside its config to be reproduced: commit, JAX version, devices."""
+    return {
+        "git_commit": git_commit(),
+        "jax_version": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "backend": jax.default_backend(),
+    }
+
+
+def ensure_writable_dir(path: Path) -> Path:
+    """Create `path` if needed and prove it takes files; raise OSError with a plain message if not."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OSError(f"output path {str(path)!r} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OSError(f"output folder {str(path)!r} is not writable ({e.strerror or e})") from None
+    return path
+
+
+def mean_std(values: Sequence[float]) -> str:
+    v = np.asarray(values, np.float64)
+    if v.size == 1:
+        return f"{v[0]:.4g}"
+    return f"{v.mean():.4g} +- {v.std(ddof=1):.2g}"
+
+
+def percent_mean_std(values: Sequence[float]) -> str:
+    v = 100 * np.asarray(values, np.float64)
+    if v.size == 1:
+        return f"{v[0]:.2f}"
+    return f"{v.mean():.2f} +- {v.std(ddof=1):.2f}"
+
+
+def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequence[str]) -> str:
+    """A markdown table: one row per group, mean +- std (sample std over seeds) of each key.
+
+    Keys starting with 'acc' are shown in percent. A row from a single record shows its value alone.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault(tuple(r[g] for g in group_by), []).append(r)
+    header = [*group_by, "seeds", *[f"{k} (%)" if k.startswith("acc") else k for k in keys]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for group, rows in groups.items():
+        seeds = len([r for r in rows if "seed" in r]) or "-"
+        cells = [
+            (percent_mean_std if k.startswith("acc") else mean_std)([r[k] for r in rows]) if k in rows[0] else "-"
+            for k in keys
+        ]
+        lines.append("| " + " | ".join([*map(str, group), str(seeds), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", reference: str = "mdi") -> None:
+    """Accuracy per task and method with every seed shown; the reference method as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != reference))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for i, method in enumerate(methods):
+            values = [100 * r[key] for r in records if r["task"] == task and r["method"] == method]
+            jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
+            ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7)
+            if values:
+                ax.hlines(np.mean(values), i - 0.3, i + 0.3, color="k")
+        for r in records:
+            if r["task"] == task and r["method"] == reference:
+                ax.axhline(100 * r[key], ls="--", color="gray", label=reference)
+        ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        ax.set_title(task)
+        ax.set_ylabel(f"{key} (%)")
+    axes[0][0].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_matrices(matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None) -> None:
+    """One heat map per named [N, N] matrix, side by side (queries down, keys across)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(matrices), figsize=(3.2 * len(matrices), 3.2), squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], matrices.items(), strict=True):
+        image = ax.imshow(np.asarray(matrix), cmap="viridis")
+        ax.set_title(title, fontsize=9)
+        if labels is not None:
+            ax.set_xticks(range(len(labels)), labels, fontsize=5, rotation=90)
+            ax.set_yticks(range(len(labels)), labels, fontsize=5)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,181 @@
+"""The Boolean GOTU study: every (task, method) pair is one vmapped batch over its seeds."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskjax import priors
+from maskjax.methods import Method, get_method
+from maskjax.models.gotu import GotuTransformer, ModelConfig
+from maskjax.tasks.boolean import BooleanTask, cube, get_task, minimum_degree_interpolator, scores
+from maskjax.train import TrainConfig, train
+
+
+@dataclasses.dataclass(frozen=True)
+class BooleanConfig:
+    """schedules maps a task to (learning rate, epochs); steps, when set, overrides the epochs."""
+
+    preset: str
+    model: ModelConfig
+    schedules: dict[str, tuple[float, int]]
+    batch_size: int = 256
+    weight_decay: float = 1e-3
+    open_value: float = 10.0
+    closed_value: float = -10.0
+    row_policy: str = "diagonal"
+    chunk_steps: int = 200
+    eval_batch: int = 4096
+    steps: int | None = None
+
+    def train_config(self, task: BooleanTask) -> TrainConfig:
+        learning_rate, epochs = self.schedules[task.name]
+        n_train = int(np.sum(task.seen(cube(task.n_bits))))
+        steps = self.steps if self.steps is not None else epochs * (n_train // self.batch_size)
+        return TrainConfig(steps, self.batch_size, learning_rate, self.weight_decay, self.chunk_steps)
+
+
+PAPER_SCHEDULES = {"2parity": (1e-5, 20), "cyclic3": (2e-5, 80), "majority3": (1e-5, 30), "threesym": (2e-5, 40)}
+
+PRESETS: dict[str, BooleanConfig] = {
+    "paper": BooleanConfig("paper", ModelConfig(256, 12, 6, 64, 256), PAPER_SCHEDULES),
+    # The paper scaled down on compute grounds alone (docs/design.md): width / 8, depth / 6, Adam's
+    # learning rate x 8 (lr ~ 1/width), half the epochs. About 1/770 of the paper's compute per run.
+    "quick": BooleanConfig(
+        "quick",
+        ModelConfig(dim=32, depth=2, heads=2, head_dim=16, mlp_dim=32),
+        {name: (8 * lr, epochs // 2) for name, (lr, epochs) in PAPER_SCHEDULES.items()},
+    ),
+    "test": BooleanConfig(
+        "test",
+        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        {name: (1e-3, 1) for name in PAPER_SCHEDULES},
+        chunk_steps=5,
+        steps=10,
+        eval_batch=8192,
+    ),
+}
+
+
+def get_preset(name: str) -> BooleanConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def task_mask_logits(task: BooleanTask, method: Method, config: BooleanConfig) -> np.ndarray:
+    """The method's initial M over [CLS, bits], before broadcasting to heads."""
+    size = task.n_bits + 1
+    if method.mask_pattern == "zero":
+        return np.zeros((size, size), np.float32)
+    pattern = priors.group_pattern(task.n_bits, task.groups, config.row_policy)
+    return np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value))
+
+
+def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
+    return priors.group_pattern(task.n_bits, task.groups, config.row_policy)
+
+
+def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_init=None) -> GotuTransformer:
+    if method.qk_init != "default":
+        raise ValueError(f"method {method.name!r}: Q/K initialisation {method.qk_init!r} is not available yet")
+    return GotuTransformer(task.n_bits, config.model, method.mask_mode, mask_init)
+
+
+def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: int) -> jax.Array:
+    """Predictions on x in batches, to bound memory on the whole cube."""
+    n = x.shape[0]
+    size = min(eval_batch, n)
+    if n % size:
+        raise ValueError(f"evaluation set of {n} points is not a multiple of eval_batch {size}")
+    chunks = x.reshape(n // size, size, x.shape[-1])
+    return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(n)
+
+
+def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
+    """Layer-0 attention averaged over heads and the inputs x: [tokens, tokens]."""
+    _, state = model.apply(variables, x, mutable=["intermediates"])
+    (weights_BHQK,) = state["intermediates"]["block_0"]["attn"]["attention"]
+    return weights_BHQK.mean(axis=(0, 1))
+
+
+def run_batch(
+    task: BooleanTask,
+    method: Method,
+    seeds: Sequence[int],
+    config: BooleanConfig,
+    log: Callable[[str], None] | None = None,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Train one (task, method) over all seeds as one vmapped batch; return records and attention maps."""
+    train_config = config.train_config(task)
+    points = cube(task.n_bits)
+    seen = np.asarray(task.seen(points), bool)
+    x_all = jnp.asarray(points, jnp.float32)
+    data = (x_all[seen], jnp.asarray(task.target(points), jnp.float32)[seen])
+    model = make_model(task, method, config)
+    mask0 = jnp.asarray(task_mask_logits(task, method, config))
+    run_masks = jnp.broadcast_to(mask0, (len(seeds), *mask0.shape))
+    run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+    def init_run(key: jax.Array, mask_logits: jax.Array):
+        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
+        return variables["params"], variables.get("constants", {})
+
+    def variables_of(params, constants) -> dict:
+        return {"params": params, "constants": constants} if constants else {"params": params}
+
+    def loss(params, constants, batch):
+        x, y = batch
+        return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
+
+    started = time.time()
+    initial, final, history = train(
+        init_run, loss, run_keys, (run_masks,), data, train_config, log, label=f"{task.name} {method.name}"
+    )
+
+    @jax.jit
+    @jax.vmap
+    def evaluate(params, constants):
+        return predict(model, variables_of(params, constants), x_all, config.eval_batch)
+
+    @jax.jit
+    @jax.vmap
+    def attention(params, constants):
+        return layer0_attention(model, variables_of(params, constants), x_all[:: max(1, x_all.shape[0] // 512)])
+
+    preds = np.asarray(evaluate(final.params, final.constants))
+    maps = {
+        "init": np.asarray(attention(initial.params, initial.constants)),
+        "final": np.asarray(attention(final.params, final.constants)),
+    }
+    seconds = time.time() - started
+    records = []
+    for i, seed in enumerate(seeds):
+        records.append(
+            {
+                "task": task.name,
+                "method": method.name,
+                "seed": int(seed),
+                **scores(task, preds[i]),
+                "train_loss": float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
+                "steps": int(train_config.steps),
+                "learning_rate": train_config.learning_rate,
+                "runs_in_batch": len(seeds),
+                "batch_seconds": round(seconds, 2),
+            }
+        )
+    return records, maps
+
+
+def mdi_record(task: BooleanTask) -> dict:
+    _, values = minimum_degree_interpolator(task)
+    return {"task": task.name, "method": "mdi", **scores(task, values)}
+
+
+def resolve(tasks: Sequence[str], methods: Sequence[str]) -> tuple[list[BooleanTask], list[Method]]:
+    return [get_task(t) for t in tasks], [get_method(m) for m in methods]

@@ -1,0 +1,1 @@
+"""Tasks: data, targets and their reference solutions."""

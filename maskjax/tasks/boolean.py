@@ -1,0 +1,196 @@
+"""Boolean "generalisation on the unseen" (GOTU) tasks on the cube {-1,+1}^n.
+
+A task is a target function, a seen region (the training set is every seen point of the
+cube) and the groups of interacting bits its mask prior is built from. The minimum-degree
+interpolator (MDI) is what the paper's vanilla Transformer converges to; it is computed
+here by a general solver, not a per-task formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class BooleanTask:
+    """target and seen take a [..., n_bits] array of +-1 values; groups are the interacting bits."""
+
+    name: str
+    n_bits: int
+    target: Callable[[np.ndarray], np.ndarray]
+    seen: Callable[[np.ndarray], np.ndarray]
+    groups: tuple[tuple[int, ...], ...]
+
+
+def cube(n_bits: int) -> np.ndarray:
+    """Every point of {-1,+1}^n as [2**n, n] int8; row i has bit j = -1 iff bit j of i is set."""
+    index = np.arange(2**n_bits)[:, None]
+    return (1 - 2 * ((index >> np.arange(n_bits)) & 1)).astype(np.int8)
+
+
+def walsh_hadamard(values: np.ndarray) -> np.ndarray:
+    """Fourier coefficients over the last axis (length 2**n, indexed as in `cube`).
+
+    Coefficient S (a bit set, as an integer) is mean_x f(x) prod_{j in S} x_j.
+    """
+    out = np.array(values, dtype=np.float64)
+    n = int(np.log2(out.shape[-1]))
+    lead = out.shape[:-1]
+    for j in range(n):
+        out = out.reshape(*lead, -1, 2, 2**j)
+        a, b = out[..., 0, :], out[..., 1, :]
+        out = np.stack([a + b, a - b], axis=-2)
+    return out.reshape(*lead, 2**n) / 2**n
+
+
+def degree_profile(values: np.ndarray) -> np.ndarray:
+    """Fourier mass sum_{|S|=d} f_hat(S)^2 for d = 0..n of a function given on the whole cube."""
+    coeffs = walsh_hadamard(values)
+    n = int(np.log2(coeffs.shape[-1]))
+    degrees = np.array([bin(s).count("1") for s in range(2**n)])
+    return np.array([np.sum(coeffs[..., degrees == d] ** 2, axis=-1) for d in range(n + 1)])
+
+
+def _popcount(n_bits: int) -> np.ndarray:
+    return np.array([bin(s).count("1") for s in range(2**n_bits)])
+
+
+def _lexicographic_min_degree(seen_K: np.ndarray, data_MS: np.ndarray) -> np.ndarray:
+    """Interpolate each row of data on the seen points of a k-bit cube, least mass at the top degree first.
+
+    The free unknowns are the values on the unseen points. Each degree, from k down to 0,
+    is minimised by least squares inside the solution set left by the degrees above it.
+    Returns values on the whole k-bit cube, [m, 2**k].
+    """
+    size = seen_K.size
+    k = int(np.log2(size))
+    hadamard = np.array([[(-1) ** bin(s & x).count("1") for x in range(size)] for s in range(size)], float)
+    hadamard /= size
+    fixed = np.zeros((size, data_MS.shape[0]))
+    fixed[seen_K] = data_MS.T
+    coeff_base = hadamard @ fixed
+    coeff_free = hadamard[:, ~seen_K]
+    z = np.zeros((coeff_free.shape[1], data_MS.shape[0]))
+    basis = np.eye(coeff_free.shape[1])
+    degrees = _popcount(k)
+    for d in range(k, -1, -1):
+        if basis.shape[1] == 0:
+            break
+        rows = degrees == d
+        a = coeff_base[rows] + coeff_free[rows] @ z
+        b = coeff_free[rows] @ basis
+        w, *_ = np.linalg.lstsq(b, -a, rcond=None)
+        z = z + basis @ w
+        _, s, vt = np.linalg.svd(b)
+        rank = int(np.sum(s > 1e-10 * max(1.0, s.max(initial=0.0))))
+        basis = basis @ vt[rank:].T
+    full = fixed.copy()
+    full[~seen_K] = z
+    return full.T
+
+
+@functools.cache
+def minimum_degree_interpolator(task: BooleanTask) -> tuple[np.ndarray, np.ndarray]:
+    """(cube, values): the whole cube [2**n, n] and the MDI of the seen data at each point.
+
+    The seen region usually depends on a few bits K only. Writing f(x) = sum_T chi_T(x_rest) f_T(x_K),
+    the problem splits into independent k-bit problems, one per T, whose lexicographic order is the
+    same for every T; so one k-bit solve handles all of them at once.
+    """
+    points = cube(task.n_bits)
+    n = task.n_bits
+    seen = np.asarray(task.seen(points), bool)
+    index = np.arange(2**n)
+    depends = [j for j in range(n) if np.any(seen != seen[index ^ (1 << j)])]
+    if len(depends) > 12:
+        raise ValueError(
+            f"task {task.name!r}: the seen region depends on {len(depends)} bits; the solver handles at most 12"
+        )
+    rest = [j for j in range(n) if j not in depends]
+    order = rest + depends
+    # Reindex so the K bits are the high bits: value[t_rest + 2**len(rest) * x_K].
+    perm_index = sum(((index >> i) & 1) << order[i] for i in range(n))
+    values = np.asarray(task.target(points), np.float64)[perm_index]
+    seen_perm = seen[perm_index]
+    grid = values.reshape(2 ** len(depends), 2 ** len(rest))
+    seen_K = seen_perm.reshape(2 ** len(depends), 2 ** len(rest))[:, 0]
+    coeff_rest = walsh_hadamard(grid)
+    solved = _lexicographic_min_degree(seen_K, coeff_rest[seen_K].T)
+    # Back from Fourier over the rest bits to values: f(x) = sum_T f_T chi_T(x).
+    full_grid = walsh_hadamard(solved.T) * 2 ** len(rest)
+    mdi = np.empty(2**n)
+    mdi[perm_index] = full_grid.reshape(-1)
+    return points, mdi
+
+
+def target_levels(task: BooleanTask) -> np.ndarray:
+    """The distinct values the target takes on the cube, for rounding predictions."""
+    return np.unique(np.round(np.asarray(task.target(cube(task.n_bits)), np.float64), 9))
+
+
+def round_to_levels(pred: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """Each prediction replaced by the nearest value the target takes."""
+    pred, levels = np.asarray(pred, np.float64), np.asarray(levels, np.float64)
+    return levels[np.argmin(np.abs(pred[..., None] - levels), axis=-1)]
+
+
+def scores(task: BooleanTask, pred: np.ndarray) -> dict[str, float]:
+    """acc_all (whole cube), acc_unseen and mse of predictions on `cube(task.n_bits)`."""
+    points = cube(task.n_bits)
+    truth = np.asarray(task.target(points), np.float64)
+    unseen = ~np.asarray(task.seen(points), bool)
+    correct = np.isclose(round_to_levels(pred, target_levels(task)), truth)
+    return {
+        "acc_all": float(correct.mean()),
+        "acc_unseen": float(correct[unseen].mean()),
+        "mse": float(np.mean((np.asarray(pred, np.float64) - truth) ** 2)),
+    }
+
+
+def _cyclic3(x: np.ndarray) -> np.ndarray:
+    return sum(x[..., i] * x[..., (i + 1) % 15] * x[..., (i + 2) % 15] for i in range(15))
+
+
+TASKS: dict[str, BooleanTask] = {
+    t.name: t
+    for t in [
+        BooleanTask(
+            "2parity",
+            15,
+            target=lambda x: x[..., 0] * x[..., 1],
+            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
+            groups=((0, 1),),
+        ),
+        BooleanTask(
+            "cyclic3",
+            15,
+            target=_cyclic3,
+            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1) | (x[..., 2] == 1),
+            groups=tuple((i, (i + 1) % 15, (i + 2) % 15) for i in range(15)),
+        ),
+        BooleanTask(
+            "majority3",
+            15,
+            target=lambda x: np.sign(x[..., 0] + x[..., 1] + x[..., 2]),
+            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
+            groups=((0, 1, 2),),
+        ),
+        BooleanTask(
+            "threesym",
+            15,
+            target=lambda x: x[..., 0] * x[..., 1] - 1.25 * x[..., 1] * x[..., 2] + 1.5 * x[..., 2] * x[..., 0],
+            seen=lambda x: x[..., 0] * x[..., 1] * x[..., 2] == 1,
+            groups=((0, 1, 2),),
+        ),
+    ]
+}
+
+
+def get_task(name: str) -> BooleanTask:
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+    return TASKS[name]

@@ -1,0 +1,122 @@
+"""One training loop for every experiment.
+
+`init_run` and `loss` describe ONE run; `train` stacks runs along a leading axis with
+`jax.vmap`, compiles once with `jax.jit`, and runs steps in `lax.scan` chunks. Each run draws
+its batches on device from its own data key and the step number, so a run is deterministic and
+its result does not depend on which other runs share its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int
+    batch_size: int = 256
+    learning_rate: float = 1e-5
+    weight_decay: float = 1e-3
+    chunk_steps: int = 200
+
+
+class RunState(NamedTuple):
+    """The state of one run; `train` holds these stacked along a leading runs axis."""
+
+    params: PyTree
+    constants: PyTree
+    opt_state: PyTree
+    data_key: jax.Array
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """Adam with L2 weight decay added to the gradient, as torch.optim.Adam(weight_decay=...) does."""
+    return optax.chain(optax.add_decayed_weights(config.weight_decay), optax.adam(config.learning_rate))
+
+
+def epoch_orders(data_key: jax.Array, first_epoch: jax.Array, n_epochs: int, n_train: int) -> jax.Array:
+    """The shuffled example order of epochs first_epoch .. first_epoch + n_epochs - 1: [n_epochs, n_train].
+
+    A permutation costs a sort, so it is drawn once per epoch, not once per step.
+    """
+    epochs = first_epoch + jnp.arange(n_epochs)
+    return jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(data_key, e), n_train))(epochs)
+
+
+InitRun = Callable[..., tuple[PyTree, PyTree]]
+Loss = Callable[[PyTree, PyTree, PyTree], jax.Array]
+Log = Callable[[str], None]
+
+
+def train(
+    init_run: InitRun,
+    loss: Loss,
+    run_keys: jax.Array,
+    run_inputs: tuple[jax.Array, ...],
+    data: PyTree,
+    config: TrainConfig,
+    log: Log | None = None,
+    label: str = "",
+) -> tuple[RunState, RunState, np.ndarray]:
+    """Train every run of a batch; returns (initial states, final states, loss history [runs, steps]).
+
+    init_run(key, *inputs) -> (params, constants) for one run; loss(params, constants, batch) -> scalar.
+    run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs.
+    """
+    n_train = jax.tree.leaves(data)[0].shape[0]
+    if n_train < config.batch_size:
+        raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
+    optimizer = make_optimizer(config)
+
+    def init_one(key: jax.Array, *inputs: jax.Array) -> RunState:
+        init_key, data_key = jax.random.split(key)
+        params, constants = init_run(init_key, *inputs)
+        return RunState(params, constants, optimizer.init(params), data_key)
+
+    steps_per_epoch = n_train // config.batch_size
+
+    def step_one(state: RunState, step: jax.Array, order: jax.Array, data: PyTree) -> tuple[RunState, jax.Array]:
+        offset = (step % steps_per_epoch) * config.batch_size
+        idx = jax.lax.dynamic_slice(order, (offset,), (config.batch_size,))
+        batch = jax.tree.map(lambda a: a[idx], data)
+        value, grads = jax.value_and_grad(loss)(state.params, state.constants, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), value
+
+    def chunk_one(state: RunState, data: PyTree, start: jax.Array, n_steps: int) -> tuple[RunState, jax.Array]:
+        first_epoch = start // steps_per_epoch
+        orders = epoch_orders(state.data_key, first_epoch, n_steps // steps_per_epoch + 2, n_train)
+
+        def body(s: RunState, t: jax.Array) -> tuple[RunState, jax.Array]:
+            return step_one(s, t, orders[t // steps_per_epoch - first_epoch], data)
+
+        return jax.lax.scan(body, state, start + jnp.arange(n_steps))
+
+    init = jax.jit(jax.vmap(init_one))
+    chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3)
+    initial = init(run_keys, *run_inputs)
+    state = initial
+    losses = []
+    started = time.time()
+    for start in range(0, config.steps, config.chunk_steps):
+        n_steps = min(config.chunk_steps, config.steps - start)
+        state, chunk_losses = chunk(state, data, jnp.asarray(start), n_steps)
+        losses.append(np.asarray(chunk_losses))
+        if log is not None:
+            done = start + n_steps
+            log(
+                f"{label} step {done}/{config.steps} loss {np.mean(losses[-1][:, -1]):.4g} "
+                f"({time.time() - started:.0f}s)"
+            )
+    history = np.concatenate(losses, axis=1) if losses else np.zeros((len(run_keys), 0))
+    return initial, state, history

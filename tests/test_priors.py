@@ -1,0 +1,33 @@
+import numpy as np
+import pytest
+
+from maskjax import priors
+
+
+@pytest.mark.parametrize("policy", list(priors.ROW_POLICIES))
+@pytest.mark.parametrize("groups", [((0, 1),), ((0, 1, 2),), tuple((i, (i + 1) % 15, (i + 2) % 15) for i in range(15))])
+def test_every_row_keeps_an_open_entry(policy, groups):
+    pattern = priors.group_pattern(15, groups, policy)
+    assert pattern.shape == (16, 16)
+    assert pattern.any(axis=1).all()
+
+
+def test_2parity_diagonal_pattern():
+    pattern = priors.group_pattern(15, ((0, 1),))
+    # Tokens: 0 = CLS, 1 = x0, 2 = x1.
+    assert pattern[1, 2] and pattern[2, 1] and pattern[1, 1] and pattern[2, 2]
+    assert list(np.flatnonzero(pattern[0])) == [0, 1, 2]
+    for t in range(3, 16):
+        assert list(np.flatnonzero(pattern[t])) == [t]
+    members = priors.group_pattern(15, ((0, 1),), "members")
+    assert list(np.flatnonzero(members[0])) == [1, 2] and list(np.flatnonzero(members[7])) == [1, 2]
+    assert priors.group_pattern(15, ((0, 1),), "cls_all")[0].all()
+
+
+def test_mask_logits_values_and_bad_input():
+    logits = np.asarray(priors.mask_logits(np.eye(3, dtype=bool), 10.0, -10.0))
+    np.testing.assert_array_equal(logits, np.where(np.eye(3), 10.0, -10.0))
+    with pytest.raises(ValueError, match="row policy"):
+        priors.group_pattern(3, ((0, 1),), "nope")
+    with pytest.raises(ValueError, match="outside"):
+        priors.group_pattern(3, ((0, 5),))
