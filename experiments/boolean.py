@@ -20,7 +20,7 @@ from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
 
-KEYS = ("acc_all", "acc_unseen", "mse", "train_loss")
+KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
 def parse_args(argv: list[str] | None):

@@ -75,37 +75,32 @@ def ensure_writable_dir(path: Path) -> Path:
     return path
 
 
-def mean_std(values: Sequence[float]) -> str:
-    v = np.asarray(values, np.float64)
+def mean_std(values: Sequence[float], scale: float = 1.0, digits: str = ".4g") -> str:
+    """'mean +- sample std' of the values that are not None; one value alone; '-' for none."""
+    v = scale * np.asarray([x for x in values if x is not None], np.float64)
+    if v.size == 0:
+        return "-"
     if v.size == 1:
-        return f"{v[0]:.4g}"
-    return f"{v.mean():.4g} +- {v.std(ddof=1):.2g}"
-
-
-def percent_mean_std(values: Sequence[float]) -> str:
-    v = 100 * np.asarray(values, np.float64)
-    if v.size == 1:
-        return f"{v[0]:.2f}"
-    return f"{v.mean():.2f} +- {v.std(ddof=1):.2f}"
+        return f"{v[0]:{digits}}"
+    std_digits = ".2f" if digits.endswith("f") else ".2g"
+    return f"{v.mean():{digits}} +- {v.std(ddof=1):{std_digits}}"
 
 
 def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequence[str]) -> str:
     """A markdown table: one row per group, mean +- std (sample std over seeds) of each key.
 
-    Keys starting with 'acc' are shown in percent. A row from a single record shows its value alone.
+    Keys starting with 'acc' are shown in percent. Diverged runs are counted, not averaged.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault(tuple(r[g] for g in group_by), []).append(r)
-    header = [*group_by, "seeds", *[f"{k} (%)" if k.startswith("acc") else k for k in keys]]
+    header = [*group_by, "seeds", "diverged", *[f"{k} (%)" if k.startswith("acc") else k for k in keys]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group, rows in groups.items():
-        seeds = len([r for r in rows if "seed" in r]) or "-"
-        cells = [
-            (percent_mean_std if k.startswith("acc") else mean_std)([r[k] for r in rows]) if k in rows[0] else "-"
-            for k in keys
-        ]
-        lines.append("| " + " | ".join([*map(str, group), str(seeds), *cells]) + " |")
+        seeded = [r for r in rows if "seed" in r]
+        counts = [str(len(seeded)), str(sum(bool(r.get("diverged")) for r in seeded))] if seeded else ["-", "-"]
+        cells = [mean_std([r.get(k) for r in rows], *((100.0, ".2f") if k.startswith("acc") else ())) for k in keys]
+        lines.append("| " + " | ".join([*map(str, group), *counts, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -121,7 +116,9 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
     fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for i, method in enumerate(methods):
-            values = [100 * r[key] for r in records if r["task"] == task and r["method"] == method]
+            values = [
+                100 * r[key] for r in records if r["task"] == task and r["method"] == method and r[key] is not None
+            ]
             jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
             ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7)
             if values:

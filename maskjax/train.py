@@ -120,3 +120,9 @@ def train(
             )
     history = np.concatenate(losses, axis=1) if losses else np.zeros((len(run_keys), 0))
     return initial, state, history
+
+
+def first_nonfinite_step(history: np.ndarray) -> np.ndarray:
+    """Per run, the 1-based step whose loss first became NaN or infinite; 0 where none did."""
+    bad = ~np.isfinite(history)
+    return np.where(bad.any(axis=1), bad.argmax(axis=1) + 1, 0)

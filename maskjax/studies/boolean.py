@@ -13,8 +13,15 @@ import numpy as np
 from maskjax import priors
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer, ModelConfig
-from maskjax.tasks.boolean import BooleanTask, cube, get_task, minimum_degree_interpolator, scores
-from maskjax.train import TrainConfig, train
+from maskjax.tasks.boolean import (
+    BooleanTask,
+    cube,
+    degree_profile,
+    get_task,
+    minimum_degree_interpolator,
+    scores,
+)
+from maskjax.train import TrainConfig, first_nonfinite_step, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,15 +161,27 @@ def run_batch(
         "final": np.asarray(attention(final.params, final.constants)),
     }
     seconds = time.time() - started
+    diverged_at = first_nonfinite_step(history)
     records = []
     for i, seed in enumerate(seeds):
+        diverged = bool(diverged_at[i]) or not np.all(np.isfinite(preds[i]))
+        if diverged:
+            metrics = dict.fromkeys(("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss"))
+        else:
+            metrics = {
+                **scores(task, preds[i]),
+                "unseen_mean_prediction": float(preds[i][~seen].mean()),
+                "degree_profile": [round(float(m), 6) for m in degree_profile(preds[i])],
+                "train_loss": float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
+            }
         records.append(
             {
                 "task": task.name,
                 "method": method.name,
                 "seed": int(seed),
-                **scores(task, preds[i]),
-                "train_loss": float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
+                **metrics,
+                "diverged": diverged,
+                "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(train_config.steps),
                 "learning_rate": train_config.learning_rate,
                 "runs_in_batch": len(seeds),
@@ -173,8 +192,15 @@ def run_batch(
 
 
 def mdi_record(task: BooleanTask) -> dict:
-    _, values = minimum_degree_interpolator(task)
-    return {"task": task.name, "method": "mdi", **scores(task, values)}
+    points, values = minimum_degree_interpolator(task)
+    unseen = ~np.asarray(task.seen(points), bool)
+    return {
+        "task": task.name,
+        "method": "mdi",
+        **scores(task, values),
+        "unseen_mean_prediction": float(values[unseen].mean()),
+        "degree_profile": [round(float(m), 6) for m in degree_profile(values)],
+    }
 
 
 def resolve(tasks: Sequence[str], methods: Sequence[str]) -> tuple[list[BooleanTask], list[Method]]:

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+KEYS = {"task", "method", "seed", "acc_all", "acc_unseen", "mse", "train_loss", "steps"}
+META = {"config", "git_commit", "jax_version", "devices"}
+
+
+def test_end_to_end_at_test_preset(cli, tmp_path):
+    out = tmp_path / "run"
+    result = cli(
+        "experiments.boolean",
+        "--preset=test",
+        "--seeds=2",
+        "--tasks=2parity,threesym",
+        "--methods=vanilla,mask,mask_fixed,mask_zero",
+        f"--out={out}",
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 4 * 2
+    for r in records:
+        assert KEYS | META <= set(r)
+        assert 0.0 <= r["acc_all"] <= 1.0 and 0.0 <= r["acc_unseen"] <= 1.0
+    assert {(r["task"], r["method"]) for r in records} == {
+        (t, m) for t in ("2parity", "threesym") for m in ("vanilla", "mask", "mask_fixed", "mask_zero")
+    }
+    summary = (out / "summary.md").read_text()
+    assert "| 2parity | mdi | - | - | 75.00 |" in summary and "| threesym | mdi | - | - | 62.50 |" in summary
+    assert "+-" in summary
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["dim"] == 16 and config["seeds"] == [0, 1] and config["environment"]["jax_version"]
+    for png in ("accuracy.png", "attention_2parity.png", "attention_threesym.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "2parity mask step 10/10" in result.stderr
+    assert "| threesym | mask_zero | 2 | 0 |" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--tasks=nope"], "unknown task 'nope'"),
+        (["--methods=vanilla,nope"], "unknown method 'nope'"),
+        (["--seeds=0"], "--seeds"),
+        (["--seeds=abc"], "--seeds"),
+        (["--preset=huge"], "unknown preset 'huge'"),
+        (["--row-policy=nope"], "unknown row policy"),
+    ],
+)
+def test_bad_input_gives_one_clear_line(cli, tmp_path, args, message):
+    result = cli("experiments.boolean", "--preset=test", f"--out={tmp_path / 'o'}", *args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], result.stderr
+
+
+def test_unwritable_out_is_refused(cli, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for out in (blocker, blocker / "below"):
+        result = cli("experiments.boolean", "--preset=test", "--seeds=1", f"--out={out}")
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "error:" in lines[0] and str(blocker) in lines[0], result.stderr
+    assert blocker.read_text() == "not a folder"
+
+
+def test_help_documents_the_flags(cli):
+    result = cli("experiments.boolean", "--help")
+    assert result.returncode == 0
+    for flag in ("--seeds", "--tasks", "--methods", "--preset", "--out", "--steps"):
+        assert flag in result.stdout
