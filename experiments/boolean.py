@@ -9,13 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from experiments.cli import Parser, name_list, positive_float, positive_int, progress, run_main
+from experiments.cli import (
+    Parser,
+    add_run_control,
+    name_list,
+    positive_float,
+    positive_int,
+    prepare_out,
+    progress,
+    run_main,
+)
 from maskjax import priors, report
+from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
@@ -45,6 +56,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
     p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
     p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+    add_run_control(p)
     return p.parse_args(argv)
 
 
@@ -77,29 +89,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     tasks, methods = study.resolve(args.tasks, args.methods)
-    out = report.ensure_writable_dir(args.out)
-    env = report.environment()
+    seeds = list(range(args.seeds))
     resolved = {
         "study": "boolean",
         "tasks": args.tasks,
         "methods": args.methods,
-        "seeds": list(range(args.seeds)),
+        "seeds": seeds,
         **dataclasses.asdict(config),
         "train": {t.name: dataclasses.asdict(config.train_config(t)) for t in tasks},
-        "environment": env,
     }
-    report.write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str) + "\n")
-    meta = {"config": {k: v for k, v in resolved.items() if k != "environment"}, **env}
-    seeds = list(range(args.seeds))
-    records: list[dict] = []
+    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
+    out = args.out
+    env = report.environment()
+    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
+    meta = {"config": resolved, **env}
     reference = [study.mdi_record(t) for t in tasks]
     for task in tasks:
         maps = {}
         for method in methods:
-            batch, maps[method.name] = study.run_batch(task, method, seeds, config, progress)
+            if sum(r["task"] == task.name and r["method"] == method.name for r in records) == len(seeds):
+                progress(f"{task.name} {method.name}: already in {out / 'results.jsonl'}, skipped")
+                continue
+            directory = out / "checkpoints" / f"{task.name}_{method.name}"
+            if not args.resume:
+                shutil.rmtree(directory, ignore_errors=True)
+            checkpoints = SweepCheckpoints(
+                directory, {"config": resolved, "task": task.name, "method": method.name}, args.checkpoint_every
+            )
+            batch, maps[method.name] = study.run_batch(task, method, seeds, config, progress, checkpoints, args.resume)
             records += [{**r, **meta} for r in batch]
             write_outputs(out, records, reference)
-        plot_task(out, task, config, maps)
+            shutil.rmtree(directory, ignore_errors=True)
+        if maps:
+            plot_task(out, task, config, maps)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)

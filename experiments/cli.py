@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+from maskjax import report
 
 
 class UserError(Exception):
@@ -59,3 +64,42 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("interrupted: results written so far are kept", file=sys.stderr)
         return 130
+
+
+def add_run_control(parser: argparse.ArgumentParser) -> None:
+    """Flags every long-running CLI shares: checkpoints, resume, overwrite."""
+    parser.add_argument(
+        "--checkpoint-every", type=positive_int, help="checkpoint every N steps (default: every 5 minutes)"
+    )
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoints")
+    parser.add_argument("--overwrite", action="store_true", help="replace results of a different config in --out")
+
+
+def prepare_out(out: Path, config: dict, resume: bool, overwrite: bool) -> list[dict]:
+    """Check --out against the config it holds; return the records a resumed run keeps.
+
+    A folder with results of another config is refused unless --overwrite; --resume needs a
+    folder written by the same config. `config` excludes the environment (commit, devices).
+    """
+    out = report.ensure_writable_dir(out)
+    config_path, results_path = out / "config.json", out / "results.jsonl"
+    held = None
+    if config_path.exists():
+        try:
+            held = {k: v for k, v in json.loads(config_path.read_text()).items() if k != "environment"}
+        except (OSError, json.JSONDecodeError):
+            raise UserError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
+    same = held == json.loads(json.dumps(config, default=str))
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite exclude each other")
+    if resume:
+        if held is None:
+            raise UserError(f"nothing to resume in {out}: no config.json from an earlier run")
+        if not same:
+            raise UserError(f"cannot resume: {out} holds a run of a different config")
+        return report.read_jsonl(results_path) if results_path.exists() else []
+    if held is not None and not same and not overwrite:
+        raise UserError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
+    if overwrite:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return []

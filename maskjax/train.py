@@ -67,11 +67,16 @@ def train(
     config: TrainConfig,
     log: Log | None = None,
     label: str = "",
+    checkpoints: Any = None,
+    resume: bool = False,
 ) -> tuple[RunState, RunState, np.ndarray]:
     """Train every run of a batch; returns (initial states, final states, loss history [runs, steps]).
 
     init_run(key, *inputs) -> (params, constants) for one run; loss(params, constants, batch) -> scalar.
     run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs.
+    checkpoints (a maskjax.checkpoint.SweepCheckpoints) saves the batch at chunk ends when due; with
+    resume, training continues from its newest readable checkpoint. Checkpoints fall on chunk
+    boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
     n_train = jax.tree.leaves(data)[0].shape[0]
     if n_train < config.batch_size:
@@ -105,19 +110,29 @@ def train(
     init = jax.jit(jax.vmap(init_one))
     chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3)
     initial = init(run_keys, *run_inputs)
-    state = initial
-    losses = []
+    state, first_step, losses = initial, 0, []
+    if checkpoints is not None and resume:
+        found = checkpoints.restore_latest(initial, log)
+        if found is not None:
+            first_step, state, done_history = found
+            losses.append(done_history)
+            if log is not None:
+                log(f"{label} resumed at step {first_step}/{config.steps}")
     started = time.time()
-    for start in range(0, config.steps, config.chunk_steps):
+    for start in range(first_step, config.steps, config.chunk_steps):
         n_steps = min(config.chunk_steps, config.steps - start)
         state, chunk_losses = chunk(state, data, jnp.asarray(start), n_steps)
         losses.append(np.asarray(chunk_losses))
+        done = start + n_steps
         if log is not None:
-            done = start + n_steps
             log(
                 f"{label} step {done}/{config.steps} loss {np.mean(losses[-1][:, -1]):.4g} "
                 f"({time.time() - started:.0f}s)"
             )
+        if checkpoints is not None and done < config.steps and checkpoints.due(done, start):
+            checkpoints.save(done, state, np.concatenate(losses, axis=1))
+            if log is not None:
+                log(f"{label} checkpoint saved at step {done}")
     history = np.concatenate(losses, axis=1) if losses else np.zeros((len(run_keys), 0))
     return initial, state, history
 

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskjax import priors
+from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer, ModelConfig
 from maskjax.tasks.boolean import (
@@ -117,6 +118,8 @@ def run_batch(
     seeds: Sequence[int],
     config: BooleanConfig,
     log: Callable[[str], None] | None = None,
+    checkpoints: SweepCheckpoints | None = None,
+    resume: bool = False,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Train one (task, method) over all seeds as one vmapped batch; return records and attention maps."""
     train_config = config.train_config(task)
@@ -142,7 +145,16 @@ def run_batch(
 
     started = time.time()
     initial, final, history = train(
-        init_run, loss, run_keys, (run_masks,), data, train_config, log, label=f"{task.name} {method.name}"
+        init_run,
+        loss,
+        run_keys,
+        (run_masks,),
+        data,
+        train_config,
+        log,
+        label=f"{task.name} {method.name}",
+        checkpoints=checkpoints,
+        resume=resume,
     )
 
     @jax.jit

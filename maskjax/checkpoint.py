@@ -1,0 +1,102 @@
+"""Orbax save / restore of a whole sweep batch: every run's state, the step and the loss history.
+
+Typed PRNG keys are stored as their raw key data. Orbax writes each checkpoint to a temporary
+folder and renames it when complete, so a kill mid-save leaves the previous checkpoints intact;
+a newest checkpoint that still fails to read is reported and the one before it used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from maskjax.train import RunState
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: written by another config, or none readable."""
+
+
+def _quiet_absl() -> None:
+    # Orbax logs its own tracebacks through absl on a failed read; we report failures ourselves.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+
+
+def _to_saveable(state: RunState, history: np.ndarray) -> dict[str, Any]:
+    return {"state": state._replace(data_key=jax.random.key_data(state.data_key)), "history": history}
+
+
+class SweepCheckpoints:
+    """Checkpoints of one vmapped batch under `directory`, the last `keep` kept.
+
+    `fingerprint` is a JSON-able description of the config; restoring a checkpoint written
+    with another fingerprint raises CheckpointError.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        fingerprint: dict,
+        every_steps: int | None = None,
+        every_seconds: float = 300.0,
+        keep: int = 2,
+    ):
+        _quiet_absl()
+        self.every_steps, self.every_seconds = every_steps, every_seconds
+        self.last_save = time.monotonic()
+        self.directory = Path(directory).absolute()
+        self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
+        self.manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def due(self, done: int, previous: int) -> bool:
+        """Save after this chunk? Every `every_steps` steps if set, else once `every_seconds` have passed."""
+        if self.every_steps is not None:
+            return done // self.every_steps > previous // self.every_steps
+        return time.monotonic() - self.last_save >= self.every_seconds
+
+    def save(self, step: int, state: RunState, history: np.ndarray) -> None:
+        saveable = _to_saveable(state, np.asarray(history))
+        meta = {"step": step, "fingerprint": self.fingerprint, "history_shape": list(np.shape(history))}
+        self.manager.save(
+            step, args=ocp.args.Composite(state=ocp.args.StandardSave(saveable), meta=ocp.args.JsonSave(meta))
+        )
+        self.last_save = time.monotonic()
+
+    def restore_latest(
+        self, like: RunState, log: Callable[[str], None] | None = None
+    ) -> tuple[int, RunState, np.ndarray] | None:
+        """(step, state, history) from the newest readable checkpoint, or None if there is none."""
+        self.manager.reload()
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                if meta["fingerprint"] != self.fingerprint:
+                    raise CheckpointError(
+                        f"checkpoint {self.directory / str(step)} was written by another config; "
+                        "use --overwrite or another --out"
+                    )
+                history = np.zeros(meta["history_shape"], np.float32)
+                abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like, history))
+                restored = self.manager.restore(
+                    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+                )["state"]
+            except CheckpointError:
+                raise
+            except Exception as e:  # any unreadable file: fall back to the previous checkpoint
+                if log is not None:
+                    log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
+                continue
+            state = restored["state"]
+            state = RunState(*state) if not isinstance(state, RunState) else state
+            state = state._replace(data_key=jax.random.wrap_key_data(state.data_key))
+            return int(meta["step"]), state, np.asarray(restored["history"])
+        return None

@@ -1,0 +1,55 @@
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maskjax import report
+from maskjax.checkpoint import CheckpointError, SweepCheckpoints
+from maskjax.train import RunState
+
+
+def example_state(value: float) -> RunState:
+    keys = jax.random.split(jax.random.key(3), 2)
+    return RunState({"w": jnp.full((2, 3), value)}, {}, {"mu": jnp.zeros((2, 3))}, keys)
+
+
+def test_save_restore_round_trip_keeps_the_last_two(tmp_path):
+    checkpoints = SweepCheckpoints(tmp_path / "c", {"lr": 1.0}, every_steps=5)
+    for step in (5, 10, 15):
+        checkpoints.save(step, example_state(float(step)), np.full((2, step), step, np.float32))
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["10", "15"]
+    step, state, history = checkpoints.restore_latest(example_state(0.0))
+    assert step == 15 and history.shape == (2, 15)
+    chex.assert_trees_all_equal(state.params, example_state(15.0).params)
+    np.testing.assert_array_equal(jax.random.key_data(state.data_key), jax.random.key_data(example_state(0.0).data_key))
+    assert checkpoints.due(10, 9) and not checkpoints.due(9, 6)
+
+
+def test_a_checkpoint_from_another_config_is_refused(tmp_path):
+    SweepCheckpoints(tmp_path / "c", {"lr": 1.0}).save(5, example_state(1.0), np.zeros((2, 5), np.float32))
+    with pytest.raises(CheckpointError, match="another config"):
+        SweepCheckpoints(tmp_path / "c", {"lr": 2.0}).restore_latest(example_state(0.0))
+
+
+def test_nothing_to_restore(tmp_path):
+    assert SweepCheckpoints(tmp_path / "empty", {}).restore_latest(example_state(0.0)) is None
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "results.jsonl"
+    report.write_jsonl(path, [{"a": 1}])
+
+    def broken_fsync(fd):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report.os, "fsync", broken_fsync)
+    with pytest.raises(OSError, match="disk full"):
+        report.write_jsonl(path, [{"a": 2}])
+    assert report.read_jsonl(path) == [{"a": 1}]
+    assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
+
+
+def test_environment_names_commit_jax_and_devices():
+    env = report.environment()
+    assert env["jax_version"] == jax.__version__ and env["devices"] and env["git_commit"]

@@ -1,0 +1,89 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from conftest import ROOT
+
+ARGS = [
+    "--preset=test",
+    "--seeds=2",
+    "--tasks=2parity",
+    "--methods=vanilla,mask",
+    "--steps=40",
+    "--checkpoint-every=10",
+]
+VOLATILE = {"batch_seconds", "git_commit", "devices"}
+
+
+def records(out):
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return sorted(
+        ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["method"], r["seed"])
+    )
+
+
+def start(out, *extra):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "experiments.boolean", *ARGS, f"--out={out}", *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+
+
+def kill_after(process, line_part):
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if line_part in line:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return seen
+    raise AssertionError("never saw " + repr(line_part) + ":\n" + "".join(seen))
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli("experiments.boolean", *ARGS, f"--out={whole}").returncode == 0
+    kill_after(start(killed), "mask checkpoint saved at step 30")
+    assert (killed / "results.jsonl").exists()  # the finished vanilla batch was kept
+    resumed = cli("experiments.boolean", *ARGS, f"--out={killed}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "vanilla: already in" in resumed.stderr and "mask resumed at step 30/40" in resumed.stderr
+    assert records(killed) == records(whole)
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli("experiments.boolean", *ARGS, "--methods=mask", f"--out={whole}").returncode == 0
+    kill_after(start(killed, "--methods=mask"), "checkpoint saved at step 30")
+    newest = killed / "checkpoints" / "2parity_mask" / "30"
+    for path in newest.rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"torn")
+    resumed = cli("experiments.boolean", *ARGS, "--methods=mask", f"--out={killed}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "checkpoint at step 30 is unreadable" in resumed.stderr
+    assert "resumed at step 20/40" in resumed.stderr
+    assert records(killed) == records(whole)
+
+
+def one_error_line(result, part):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and part in lines[0], (
+        result.stderr
+    )
+
+
+def test_out_folder_rules(cli, tmp_path):
+    out = tmp_path / "out"
+    one_error_line(
+        cli("experiments.boolean", "--preset=test", "--seeds=1", f"--out={out}", "--resume"), "nothing to resume"
+    )
+    assert cli("experiments.boolean", "--preset=test", "--seeds=1", "--methods=vanilla", f"--out={out}").returncode == 0
+    before = (out / "results.jsonl").read_text()
+    other = ["--preset=test", "--seeds=2", "--methods=vanilla", f"--out={out}"]
+    one_error_line(cli("experiments.boolean", *other), "different config")
+    one_error_line(cli("experiments.boolean", *other, "--resume"), "different config")
+    assert (out / "results.jsonl").read_text() == before
+    assert cli("experiments.boolean", *other, "--overwrite").returncode == 0
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
