@@ -109,7 +109,8 @@ def train(
 
     init = jax.jit(jax.vmap(init_one))
     chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3)
-    initial = init(run_keys, *run_inputs)
+    n_runs = len(run_keys)
+    initial = init(*shard_runs((run_keys, *run_inputs)))
     state, first_step, losses = initial, 0, []
     if checkpoints is not None and resume:
         found = checkpoints.restore_latest(initial, log)
@@ -126,15 +127,38 @@ def train(
         done = start + n_steps
         if log is not None:
             log(
-                f"{label} step {done}/{config.steps} loss {np.mean(losses[-1][:, -1]):.4g} "
+                f"{label} step {done}/{config.steps} loss {np.mean(losses[-1][:n_runs, -1]):.4g} "
                 f"({time.time() - started:.0f}s)"
             )
         if checkpoints is not None and done < config.steps and checkpoints.due(done, start):
             checkpoints.save(done, state, np.concatenate(losses, axis=1))
             if log is not None:
                 log(f"{label} checkpoint saved at step {done}")
-    history = np.concatenate(losses, axis=1) if losses else np.zeros((len(run_keys), 0))
-    return initial, state, history
+    history = np.concatenate(losses, axis=1) if losses else np.zeros((n_runs, 0))
+    initial, state = jax.tree.map(lambda a: a[:n_runs], (initial, state))
+    return initial, state, history[:n_runs]
+
+
+def runs_mesh() -> jax.sharding.Mesh:
+    """A 1-D mesh over every device (of every host), its axis named `runs`."""
+    return jax.sharding.Mesh(np.asarray(jax.devices()), ("runs",))
+
+
+def shard_runs(tree: PyTree) -> PyTree:
+    """Pad the leading runs axis to a multiple of the device count and shard it over `runs_mesh()`.
+
+    Padding repeats the last run; `train` drops the padded runs from what it returns.
+    """
+    mesh = runs_mesh()
+    n_runs = len(jax.tree.leaves(tree)[0])
+    pad = -n_runs % mesh.size
+
+    def pad_and_put(a: jax.Array) -> jax.Array:
+        if pad:
+            a = jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
+        return jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs")))
+
+    return jax.tree.map(pad_and_put, tree)
 
 
 def first_nonfinite_step(history: np.ndarray) -> np.ndarray:

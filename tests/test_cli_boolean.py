@@ -71,3 +71,21 @@ def test_help_documents_the_flags(cli):
     assert result.returncode == 0
     for flag in ("--seeds", "--tasks", "--methods", "--preset", "--out", "--steps"):
         assert flag in result.stdout
+
+
+def test_eight_fake_devices_give_the_same_results_as_one(cli, tmp_path, monkeypatch):
+    args = ["--preset=test", "--seeds=3", "--methods=vanilla,mask"]
+    one = cli("experiments.boolean", *args, f"--out={tmp_path / 'one'}")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    eight = cli("experiments.boolean", *args, f"--out={tmp_path / 'eight'}")
+    assert one.returncode == 0 and eight.returncode == 0, eight.stderr
+    rows = {}
+    for name in ("one", "eight"):
+        for line in (tmp_path / name / "results.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            rows.setdefault(name, []).append(r)
+    assert len(rows["eight"][0]["devices"]) == 8 and len(rows["one"][0]["devices"]) == 1
+    assert [r["seed"] for r in rows["eight"]] == [r["seed"] for r in rows["one"]]
+    for a, b in zip(rows["one"], rows["eight"], strict=True):
+        for key in ("acc_all", "acc_unseen", "mse", "train_loss"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
