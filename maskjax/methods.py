@@ -47,3 +47,6 @@ register(Method("vanilla", description="plain attention, framework initialisatio
 register(Method("mask", "learnable", "oracle", description="learnable mask from the task's oracle pattern"))
 register(Method("mask_fixed", "fixed", "oracle", description="the oracle mask held constant"))
 register(Method("mask_zero", "learnable", "zero", description="learnable mask initialised to zero"))
+register(Method("qk_svd", qk_init="svd", description="the oracle pattern injected into W_Q, W_K in closed form"))
+register(Method("qk_opt", qk_init="opt", description="W_Q, W_K optimised at init to produce the oracle pattern"))
+register(Method("mimetic", qk_init="mimetic", description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern"))

@@ -47,3 +47,33 @@ def group_pattern(n_bits: int, groups: Sequence[Sequence[int]], row_policy: str 
 def mask_logits(pattern: np.ndarray | jax.Array, open_value: float | jax.Array, closed_value: float | jax.Array):
     """M = open_value where the pattern is open, closed_value elsewhere (values may be traced per run)."""
     return jnp.where(jnp.asarray(pattern, bool), jnp.asarray(open_value, jnp.float32), closed_value).astype(jnp.float32)
+
+
+IMPULSE_OFFSET_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
+
+
+def impulse_patterns(grid: int, heads: int) -> np.ndarray:
+    """Shifted identities on a grid x grid patch layout (Zheng et al.): [heads, grid**2, grid**2] boolean.
+
+    Head i attends from patch (r, c) to (r + dr, c + dc), the offset being IMPULSE_OFFSET_ORDER[i mod 9]
+    on the 3 x 3 kernel (4 = centre, the identity). A patch whose target falls off the grid attends to
+    itself, so every row keeps one open entry.
+    """
+    n = grid * grid
+    out = np.zeros((heads, n, n), bool)
+    for h in range(heads):
+        offset = IMPULSE_OFFSET_ORDER[h % 9]
+        dr, dc = offset // 3 - 1, offset % 3 - 1
+        for r in range(grid):
+            for c in range(grid):
+                rr, cc = r + dr, c + dc
+                inside = 0 <= rr < grid and 0 <= cc < grid
+                out[h, r * grid + c, rr * grid + cc if inside else r * grid + c] = True
+    return out
+
+
+def row_distribution(mask_logits_NN: np.ndarray) -> np.ndarray:
+    """softmax(log_sigmoid(M)) per row: the attention a mask prior asks for when Q.K contributes nothing."""
+    bias = -np.logaddexp(0.0, -np.asarray(mask_logits_NN, np.float64))
+    p = np.exp(bias - bias.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)

@@ -89,3 +89,13 @@ def test_eight_fake_devices_give_the_same_results_as_one(cli, tmp_path, monkeypa
     for a, b in zip(rows["one"], rows["eight"], strict=True):
         for key in ("acc_all", "acc_unseen", "mse", "train_loss"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+
+
+def test_qk_prior_methods_run_from_the_cli(cli, tmp_path):
+    out = tmp_path / "qk"
+    result = cli("experiments.boolean", "--preset=test", "--seeds=1", "--methods=qk_svd,qk_opt,mimetic", f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["qk_svd", "qk_opt", "mimetic"]
+    for r in records:
+        assert 0.0 <= r["pattern_error_init"] <= 1.0 and 0.0 <= r["pattern_drift"] <= 1.0

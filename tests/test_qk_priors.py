@@ -1,51 +1,105 @@
+import jax
 import numpy as np
+import pytest
 
 from maskjax import priors
 from maskjax import qk_priors as qp
 
 
-def test_svd_qk_reproduces_the_target_on_the_pseudo_input():
-    pattern = np.broadcast_to(priors.group_pattern(15, ((0, 1),)).astype(float), (2, 16, 16))
+def numpy_layer_norm(x):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+
+
+def numpy_attention(x, q, k):
+    logits = np.einsum("nhe,mhe->hnm", np.einsum("nd,dhe->nhe", x, q), np.einsum("nd,dhe->nhe", x, k))
+    logits = logits / np.sqrt(q.shape[-1])
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def oracle(n_heads=2):
+    pattern = priors.group_pattern(15, ((0, 1),))
+    target = priors.row_distribution(priors.mask_logits(pattern, 10.0, -10.0))
+    return np.broadcast_to(pattern, (n_heads, 16, 16)), np.broadcast_to(target, (n_heads, 16, 16))
+
+
+def test_svd_qk_against_a_numpy_construction_and_on_the_pseudo_input():
+    pattern, target = oracle()
     positions = np.random.default_rng(0).normal(size=(16, 32))
-    q, k = qp.svd_qk(pattern, positions, 16, seed=1)
+    q, k = map(np.asarray, qp.svd_qk(jax.random.key(1), pattern, positions, 16, noise=0.0))
     assert q.shape == k.shape == (32, 2, 16)
-    np.testing.assert_allclose(np.linalg.norm(q[:, 0]), 7.0)
-    attention = qp.softmax_logits(qp.layer_norm(positions), q, k)
-    assert qp.pattern_error(attention, pattern) < 0.01
-    q2, k2 = qp.svd_qk(pattern, positions, 16, seed=1)
-    np.testing.assert_array_equal(q, q2)
-    assert not np.array_equal(q, qp.svd_qk(pattern, positions, 16, seed=2)[0])
+    np.testing.assert_allclose(np.linalg.norm(q[:, 0]), 7.0, rtol=1e-5)
+    # Independent numpy: pe+ (1000 H) pe+^T has the same rank-16 product, up to the Frobenius scalings.
+    pe = numpy_layer_norm(positions)
+    pinv = np.linalg.pinv(pe)
+    a = pinv @ (1000.0 * pattern[0]) @ pinv.T
+    product = q[:, 0] @ k[:, 0].T
+    np.testing.assert_allclose(product / np.linalg.norm(product), a / np.linalg.norm(a), atol=2e-4)
+    with_noise = [np.asarray(m) for m in qp.svd_qk(jax.random.key(1), pattern, positions, 16)]
+    assert qp.pattern_error(numpy_attention(pe, *with_noise), target) < 0.01
+    again = qp.svd_qk(jax.random.key(1), pattern, positions, 16)
+    np.testing.assert_array_equal(with_noise[0], np.asarray(again[0]))
+    assert not np.array_equal(with_noise[0], np.asarray(qp.svd_qk(jax.random.key(2), pattern, positions, 16)[0]))
 
 
 def test_mimetic_qk_is_the_truncated_svd_of_noise_plus_identity():
-    q, k, a = qp.mimetic_factors(8, 2, 8, seed=0)
-    np.testing.assert_allclose(np.einsum("dhe,fhe->hdf", q, k), a, atol=1e-12)
+    q, k, a = map(np.asarray, qp.mimetic_factors(jax.random.key(0), 8, 2, 8))
+    np.testing.assert_allclose(np.einsum("dhe,fhe->hdf", q, k), a, atol=1e-5)
     noise = a - 0.7 * np.eye(8)
-    assert np.abs(noise).max() <= 0.7 * np.sqrt(3 / 8) + 1e-12
-    q, k, a = qp.mimetic_factors(8, 1, 3, seed=0)
-    u, s, vt = np.linalg.svd(a[0])
-    best = u[:, :3] @ np.diag(s[:3]) @ vt[:3]
-    np.testing.assert_allclose(q[:, 0] @ k[:, 0].T, best, atol=1e-12)
-    _, _, value_out = qp.mimetic_factors(8, 1, 8, seed=0, alpha=0.4, beta=0.4, sign=-1.0)
-    assert np.trace(value_out[0]) < 0
+    assert np.abs(noise).max() <= 0.7 * np.sqrt(3 / 8) + 1e-6
+    q, k, a = map(np.asarray, qp.mimetic_factors(jax.random.key(0), 8, 1, 3))
+    u, s, vt = np.linalg.svd(a[0].astype(np.float64))
+    np.testing.assert_allclose(q[:, 0] @ k[:, 0].T, u[:, :3] @ np.diag(s[:3]) @ vt[:3], atol=1e-5)
+    _, _, value_out = qp.mimetic_factors(jax.random.key(0), 8, 1, 8, alpha=0.4, beta=0.4, sign=-1.0)
+    assert np.trace(np.asarray(value_out)[0]) < 0
+
+
+def test_optimised_qk_lowers_its_loss_and_is_a_function_of_the_key():
+    _, target = oracle()
+    x = numpy_layer_norm(np.random.default_rng(0).normal(size=(16, 32)))
+    q0, k0 = qp.optimised_qk(jax.random.key(0), target, x, 16, steps=0)
+    q, k = qp.optimised_qk(jax.random.key(0), target, x, 16, steps=300, learning_rate=1e-2)
+    before = np.mean((numpy_attention(x, np.asarray(q0), np.asarray(k0)) - target) ** 2)
+    after = np.mean((numpy_attention(x, np.asarray(q), np.asarray(k)) - target) ** 2)
+    assert after < 0.5 * before
+    np.testing.assert_array_equal(
+        np.asarray(q), np.asarray(qp.optimised_qk(jax.random.key(0), target, x, 16, steps=300, learning_rate=1e-2)[0])
+    )
 
 
 def test_impulse_offsets_and_border_rows():
     grid = 3
-    p = qp.impulse_patterns(grid, 10)
+    p = priors.impulse_patterns(grid, 10)
     assert p.shape == (10, 9, 9) and np.all(p.sum(-1) == 1)
-    np.testing.assert_array_equal(p[0], np.eye(9))  # offset 4: the centre
+    np.testing.assert_array_equal(p[0], np.eye(9, dtype=bool))  # offset 4: the centre
     np.testing.assert_array_equal(p[9], p[0])  # head 9 wraps to the first offset
-    # Head 1 uses offset 1: (dr, dc) = (-1, 0), one row up.
-    assert p[1, 1 * grid + 1, 0 * grid + 1] == 1
-    assert p[1, 0 * grid + 2, 0 * grid + 2] == 1  # top row: off the grid, attends to itself
-    # Head 5 uses offset 0: (-1, -1), up and left.
-    assert p[5, 2 * grid + 2, 1 * grid + 1] == 1 and p[5, 1 * grid + 0, 1 * grid + 0] == 1
+    assert p[1, 1 * grid + 1, 0 * grid + 1]  # head 1, offset 1 = (-1, 0): one row up
+    assert p[1, 0 * grid + 2, 0 * grid + 2]  # top row: off the grid, so itself
+    assert p[5, 2 * grid + 2, 1 * grid + 1] and p[5, 1 * grid + 0, 1 * grid + 0]  # offset 0 = (-1, -1)
 
 
-def test_pattern_error_worked_example():
-    target = np.array([[[1.0, 1.0], [0.0, 1.0]]])
+def test_pattern_error_worked_example_and_row_distribution():
+    target = np.array([[[0.5, 0.5], [0.0, 1.0]]])
     attention = np.array([[[1.0, 0.0], [0.0, 1.0]]])
-    # Row 0: TV(1,0 ; .5,.5) = 0.5; row 1: 0.
-    assert qp.pattern_error(attention, target) == 0.25
-    assert qp.pattern_error(target / target.sum(-1, keepdims=True), target) == 0.0
+    assert qp.pattern_error(attention, target) == pytest.approx(0.25)
+    rows = priors.row_distribution(np.array([[10.0, -10.0], [0.0, 0.0]]))
+    np.testing.assert_allclose(rows.sum(-1), 1.0)
+    assert rows[0, 0] == pytest.approx(1 / (1 + np.exp(-10.0)), rel=1e-4) and rows[1, 0] == 0.5
+
+
+@pytest.mark.parametrize("task_name", ["2parity", "cyclic3"])
+def test_qk_priors_match_their_target_at_init_in_the_model(task_name):
+    import dataclasses
+
+    from maskjax.methods import get_method
+    from maskjax.studies import boolean as study
+
+    config = dataclasses.replace(study.get_preset("quick"), steps=1, chunk_steps=1)
+    task = study.get_task(task_name)
+    errors = {}
+    for name in ("vanilla", "qk_svd", "qk_opt", "mimetic"):
+        records, _ = study.run_batch(task, get_method(name), [0, 1], config)
+        errors[name] = [r["pattern_error_init"] for r in records]
+        assert all(0.0 <= e <= 1.0 for e in errors[name])
+    assert max(errors["qk_svd"]) <= 0.2 and max(errors["qk_opt"]) <= 0.2
+    assert min(errors["vanilla"]) > 0.5 and min(errors["mimetic"]) > 0.4

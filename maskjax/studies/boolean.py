@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import priors
+from maskjax import priors, qk_priors
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer, ModelConfig
@@ -40,6 +40,7 @@ class BooleanConfig:
     chunk_steps: int = 200
     eval_batch: int = 4096
     steps: int | None = None
+    qk_opt_steps: int = 10_000
 
     def train_config(self, task: BooleanTask) -> TrainConfig:
         learning_rate, epochs = self.schedules[task.name]
@@ -66,6 +67,7 @@ PRESETS: dict[str, BooleanConfig] = {
         chunk_steps=5,
         steps=10,
         eval_batch=8192,
+        qk_opt_steps=20,
     ),
 }
 
@@ -90,8 +92,6 @@ def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
 
 
 def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_init=None) -> GotuTransformer:
-    if method.qk_init != "default":
-        raise ValueError(f"method {method.name!r}: Q/K initialisation {method.qk_init!r} is not available yet")
     return GotuTransformer(task.n_bits, config.model, method.mask_mode, mask_init)
 
 
@@ -106,10 +106,16 @@ def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: i
 
 
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
-    """Layer-0 attention averaged over heads and the inputs x: [tokens, tokens]."""
+    """Layer-0 attention on the inputs x: [batch, heads, tokens, tokens]."""
     _, state = model.apply(variables, x, mutable=["intermediates"])
     (weights_BHQK,) = state["intermediates"]["block_0"]["attn"]["attention"]
-    return weights_BHQK.mean(axis=(0, 1))
+    return weights_BHQK
+
+
+def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
+    """The attention the oracle mask asks for, softmax(log_sigmoid(M)) per row: [tokens, tokens]."""
+    pattern = oracle_pattern(task, config)
+    return priors.row_distribution(np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value)))
 
 
 def run_batch(
@@ -132,9 +138,18 @@ def run_batch(
     run_masks = jnp.broadcast_to(mask0, (len(seeds), *mask0.shape))
     run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
+    heads = config.model.heads
+    pattern_HNN = jnp.broadcast_to(jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *mask0.shape))
+    target = oracle_target(task, config)
+    target_HNN = jnp.broadcast_to(jnp.asarray(target, jnp.float32), pattern_HNN.shape)
+
     def init_run(key: jax.Array, mask_logits: jax.Array):
-        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
-        return variables["params"], variables.get("constants", {})
+        model_key, prior_key = jax.random.split(key)
+        variables = make_model(task, method, config, mask_logits).init(model_key, data[0][:1])
+        params = qk_priors.with_qk_prior(
+            variables["params"], prior_key, method.qk_init, pattern_HNN, target_HNN, opt_steps=config.qk_opt_steps
+        )
+        return params, variables.get("constants", {})
 
     def variables_of(params, constants) -> dict:
         return {"params": params, "constants": constants} if constants else {"params": params}
@@ -168,10 +183,9 @@ def run_batch(
         return layer0_attention(model, variables_of(params, constants), x_all[:: max(1, x_all.shape[0] // 512)])
 
     preds = np.asarray(evaluate(final.params, final.constants))
-    maps = {
-        "init": np.asarray(attention(initial.params, initial.constants)),
-        "final": np.asarray(attention(final.params, final.constants)),
-    }
+    attention_init = np.asarray(attention(initial.params, initial.constants))
+    attention_final = np.asarray(attention(final.params, final.constants))
+    maps = {"init": attention_init.mean(axis=(1, 2)), "final": attention_final.mean(axis=(1, 2))}
     seconds = time.time() - started
     diverged_at = first_nonfinite_step(history)
     records = []
@@ -192,6 +206,8 @@ def run_batch(
                 "method": method.name,
                 "seed": int(seed),
                 **metrics,
+                "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
+                "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
                 "diverged": diverged,
                 "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(train_config.steps),
