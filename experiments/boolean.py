@@ -37,15 +37,17 @@ KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 def parse_args(argv: list[str] | None):
     p = Parser(prog="python -m experiments.boolean", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
-    p.add_argument("--tasks", type=name_list, default=["2parity"], help=f"comma list of {','.join(TASKS)}")
+    p.add_argument(
+        "--tasks", type=name_list, default=["2parity"], help=f"comma list of {','.join(TASKS)} (default 2parity)"
+    )
     p.add_argument(
         "--methods",
         type=name_list,
         default=["vanilla", "mask", "mask_fixed", "mask_zero"],
-        help=f"comma list of {','.join(METHODS)}",
+        help=f"comma list of {','.join(METHODS)} (default vanilla,mask,mask_fixed,mask_zero)",
     )
     p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
-    p.add_argument("--out", type=Path, default=Path("results/boolean"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path("results/boolean"), help="output folder (default results/boolean)")
     p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
     p.add_argument("--learning-rate", type=positive_float, help="one learning rate for every task")
     p.add_argument("--dim", type=positive_int, help="model width")
