@@ -132,13 +132,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_task(out: Path, task, config: study.BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:
-    """The mask prior and, for vanilla and mask (seed 0), the layer-0 attention at init and after training."""
+    """The prior, then per method (seed 0) the layer-0 attention at init and after training (cf. the paper's Fig. 5)."""
     labels = ["CLS", *[f"x{i}" for i in range(task.n_bits)]]
-    panels = {f"prior: open ({config.row_policy})": study.oracle_pattern(task, config).astype(float)}
-    for name in ("vanilla", "mask"):
-        if name in maps:
-            panels[f"{name} layer 0, init"] = maps[name]["init"][0]
-            panels[f"{name} layer 0, trained"] = maps[name]["final"][0]
+    panels = {
+        f"prior: open entries ({config.row_policy})": study.oracle_pattern(task, config).astype(float),
+        "target: softmax(log_sigmoid(M))": study.oracle_target(task, config),
+    }
+    for name, attention in maps.items():
+        panels[f"{name} layer 0, init"] = attention["init"][0]
+        panels[f"{name} layer 0, trained"] = attention["final"][0]
     report.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
 
 

@@ -134,15 +134,20 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
     _save(fig, path)
 
 
-def plot_matrices(matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None) -> None:
-    """One heat map per named [N, N] matrix, side by side (queries down, keys across)."""
+def plot_matrices(
+    matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
+) -> None:
+    """One heat map per named [N, N] matrix, `columns` to a row (queries down, keys across)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(matrices), figsize=(3.2 * len(matrices), 3.2), squeeze=False)
-    for ax, (title, matrix) in zip(axes[0], matrices.items(), strict=True):
+    rows = -(-len(matrices) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[len(matrices) :]:
+        ax.axis("off")
+    for ax, (title, matrix) in zip(axes.flat, matrices.items(), strict=False):
         image = ax.imshow(np.asarray(matrix), cmap="viridis")
         ax.set_title(title, fontsize=9)
         if labels is not None:
