@@ -90,7 +90,7 @@ def write_outputs(out: Path, records: list[dict], reference: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
-    tasks, methods = study.resolve(args.tasks, args.methods)
+    tasks, methods = study.resolve(args.tasks, args.methods, config)
     seeds = list(range(args.seeds))
     resolved = {
         "study": "boolean",

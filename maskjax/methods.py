@@ -16,7 +16,9 @@ class Method:
     """mask_mode: where an attention bias lives; mask_pattern: what it starts from.
 
     mask_pattern "oracle" uses the task's interaction pattern with the study's open/closed
-    values, "zero" an all-zero M (log_sigmoid(0) = -log 2 everywhere: the same as no mask).
+    values, "zero" an all-zero M (log_sigmoid(0) = -log 2 everywhere: the same as no mask),
+    "misspecified" the pattern moved onto bits that do not interact, "random" as many open
+    entries placed at random, drawn per seed.
     qk_init names the Q/K initialisation ("default" for the framework's own).
     """
 
@@ -50,3 +52,7 @@ register(Method("mask_zero", "learnable", "zero", description="learnable mask in
 register(Method("qk_svd", qk_init="svd", description="the oracle pattern injected into W_Q, W_K in closed form"))
 register(Method("qk_opt", qk_init="opt", description="W_Q, W_K optimised at init to produce the oracle pattern"))
 register(Method("mimetic", qk_init="mimetic", description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern"))
+register(Method("mask_misspecified", "learnable", "misspecified", description="the oracle pattern on the wrong bits"))
+register(
+    Method("mask_random", "learnable", "random", description="a random pattern of the oracle's sparsity, per seed")
+)

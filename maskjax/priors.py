@@ -49,6 +49,38 @@ def mask_logits(pattern: np.ndarray | jax.Array, open_value: float | jax.Array, 
     return jnp.where(jnp.asarray(pattern, bool), jnp.asarray(open_value, jnp.float32), closed_value).astype(jnp.float32)
 
 
+def interacting_pairs(groups: Sequence[Sequence[int]]) -> set[frozenset[int]]:
+    return {frozenset((a, b)) for group in groups for a in group for b in group if a != b}
+
+
+def misspecified_groups(n_bits: int, groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """The groups moved onto bits that do not interact: every bit shifted by the smallest s >= 1
+    (mod n_bits) for which no shifted pair is an oracle pair. 2Parity's x0<->x1 becomes x1<->x2.
+
+    Same sizes, so the same number of open entries under any row policy.
+    """
+    oracle = interacting_pairs(groups)
+    for shift in range(1, n_bits):
+        moved = tuple(tuple((b + shift) % n_bits for b in group) for group in groups)
+        if not interacting_pairs(moved) & oracle:
+            return moved
+    raise ValueError("no shift of these groups avoids every interacting pair (e.g. cyclic3); no misspecified mask")
+
+
+def random_pattern(reference: np.ndarray, seed: int) -> np.ndarray:
+    """A random pattern with as many open entries as `reference`: the diagonal (so every row keeps an
+    open entry) plus the rest placed uniformly off the diagonal."""
+    size = reference.shape[0]
+    extra = int(reference.sum()) - size
+    if extra < 0:
+        raise ValueError("the reference pattern has fewer open entries than tokens")
+    off_diagonal = np.flatnonzero(~np.eye(size, dtype=bool))
+    chosen = np.random.default_rng(seed).choice(off_diagonal, size=extra, replace=False)
+    pattern = np.eye(size, dtype=bool)
+    pattern.flat[chosen] = True
+    return pattern
+
+
 IMPULSE_OFFSET_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
 

@@ -45,6 +45,7 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
         (["--seeds=abc"], "--seeds"),
         (["--preset=huge"], "unknown preset 'huge'"),
         (["--row-policy=nope"], "unknown row policy"),
+        (["--tasks=cyclic3", "--methods=mask_misspecified"], "mask_misspecified on cyclic3"),
     ],
 )
 def test_bad_input_gives_one_clear_line(cli, tmp_path, args, message):

@@ -31,3 +31,28 @@ def test_mask_logits_values_and_bad_input():
         priors.group_pattern(3, ((0, 1),), "nope")
     with pytest.raises(ValueError, match="outside"):
         priors.group_pattern(3, ((0, 5),))
+
+
+@pytest.mark.parametrize("groups", [((0, 1),), ((0, 1, 2),)])
+def test_misspecified_pattern_keeps_the_sparsity_and_avoids_the_oracle_pairs(groups):
+    moved = priors.misspecified_groups(15, groups)
+    for policy in priors.ROW_POLICIES:
+        oracle = priors.group_pattern(15, groups, policy)
+        placebo = priors.group_pattern(15, moved, policy)
+        assert placebo.sum() == oracle.sum()
+    assert not priors.interacting_pairs(moved) & priors.interacting_pairs(groups)
+    assert priors.misspecified_groups(15, ((0, 1),)) == ((1, 2),)
+
+
+def test_cyclic3_has_no_misspecified_placement():
+    with pytest.raises(ValueError, match="no shift"):
+        priors.misspecified_groups(15, tuple((i, (i + 1) % 15, (i + 2) % 15) for i in range(15)))
+
+
+def test_random_pattern_matches_the_count_and_is_seeded():
+    oracle = priors.group_pattern(15, ((0, 1),))
+    a, b = priors.random_pattern(oracle, 0), priors.random_pattern(oracle, 1)
+    assert a.sum() == b.sum() == oracle.sum()
+    assert np.all(np.diag(a)) and a.any(axis=1).all()
+    np.testing.assert_array_equal(a, priors.random_pattern(oracle, 0))
+    assert not np.array_equal(a, b)

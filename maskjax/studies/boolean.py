@@ -78,12 +78,18 @@ def get_preset(name: str) -> BooleanConfig:
     return PRESETS[name]
 
 
-def task_mask_logits(task: BooleanTask, method: Method, config: BooleanConfig) -> np.ndarray:
-    """The method's initial M over [CLS, bits], before broadcasting to heads."""
+def task_mask_logits(task: BooleanTask, method: Method, config: BooleanConfig, seed: int = 0) -> np.ndarray:
+    """The method's initial M over [CLS, bits] for one seed, before broadcasting to heads."""
     size = task.n_bits + 1
     if method.mask_pattern == "zero":
         return np.zeros((size, size), np.float32)
-    pattern = priors.group_pattern(task.n_bits, task.groups, config.row_policy)
+    pattern = oracle_pattern(task, config)
+    if method.mask_pattern == "misspecified":
+        pattern = priors.group_pattern(
+            task.n_bits, priors.misspecified_groups(task.n_bits, task.groups), config.row_policy
+        )
+    elif method.mask_pattern == "random":
+        pattern = priors.random_pattern(pattern, seed)
     return np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value))
 
 
@@ -134,12 +140,13 @@ def run_batch(
     x_all = jnp.asarray(points, jnp.float32)
     data = (x_all[seen], jnp.asarray(task.target(points), jnp.float32)[seen])
     model = make_model(task, method, config)
-    mask0 = jnp.asarray(task_mask_logits(task, method, config))
-    run_masks = jnp.broadcast_to(mask0, (len(seeds), *mask0.shape))
+    run_masks = jnp.asarray(np.stack([task_mask_logits(task, method, config, seed) for seed in seeds]))
     run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
     heads = config.model.heads
-    pattern_HNN = jnp.broadcast_to(jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *mask0.shape))
+    pattern_HNN = jnp.broadcast_to(
+        jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *run_masks.shape[1:])
+    )
     target = oracle_target(task, config)
     target_HNN = jnp.broadcast_to(jnp.asarray(target, jnp.float32), pattern_HNN.shape)
 
@@ -231,5 +238,15 @@ def mdi_record(task: BooleanTask) -> dict:
     }
 
 
-def resolve(tasks: Sequence[str], methods: Sequence[str]) -> tuple[list[BooleanTask], list[Method]]:
-    return [get_task(t) for t in tasks], [get_method(m) for m in methods]
+def resolve(
+    tasks: Sequence[str], methods: Sequence[str], config: BooleanConfig
+) -> tuple[list[BooleanTask], list[Method]]:
+    """Tasks and methods by name; a (task, method) pair that cannot be built fails here, before any training."""
+    resolved = [get_task(t) for t in tasks], [get_method(m) for m in methods]
+    for task in resolved[0]:
+        for method in resolved[1]:
+            try:
+                task_mask_logits(task, method, config)
+            except ValueError as e:
+                raise ValueError(f"{method.name} on {task.name}: {e}") from None
+    return resolved
