@@ -18,6 +18,7 @@ import numpy as np
 from experiments.cli import (
     Parser,
     add_run_control,
+    batch_checkpoints,
     name_list,
     positive_float,
     positive_int,
@@ -26,7 +27,6 @@ from experiments.cli import (
     run_main,
 )
 from maskjax import priors, report
-from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
@@ -34,9 +34,26 @@ from maskjax.tasks.boolean import TASKS
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
+def add_config_flags(p: Parser, mask_values: bool = True) -> None:
+    """The flags that override a BooleanConfig preset; shared by every Boolean CLI."""
+    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
+    p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
+    p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
+    p.add_argument("--learning-rate", type=positive_float, help="one learning rate for every task")
+    p.add_argument("--dim", type=positive_int, help="model width")
+    p.add_argument("--depth", type=positive_int, help="number of blocks")
+    p.add_argument("--heads", type=positive_int, help="attention heads")
+    p.add_argument("--head-dim", type=positive_int, help="width of each head")
+    p.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
+    p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
+    if mask_values:
+        p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
+        p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+    add_run_control(p)
+
+
 def parse_args(argv: list[str] | None):
     p = Parser(prog="python -m experiments.boolean", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
     p.add_argument(
         "--tasks", type=name_list, default=["2parity"], help=f"comma list of {','.join(TASKS)} (default 2parity)"
     )
@@ -46,19 +63,8 @@ def parse_args(argv: list[str] | None):
         default=["vanilla", "mask", "mask_fixed", "mask_zero"],
         help=f"comma list of {','.join(METHODS)} (default vanilla,mask,mask_fixed,mask_zero)",
     )
-    p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
     p.add_argument("--out", type=Path, default=Path("results/boolean"), help="output folder (default results/boolean)")
-    p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
-    p.add_argument("--learning-rate", type=positive_float, help="one learning rate for every task")
-    p.add_argument("--dim", type=positive_int, help="model width")
-    p.add_argument("--depth", type=positive_int, help="number of blocks")
-    p.add_argument("--heads", type=positive_int, help="attention heads")
-    p.add_argument("--head-dim", type=positive_int, help="width of each head")
-    p.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
-    p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
-    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
-    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
-    add_run_control(p)
+    add_config_flags(p)
     return p.parse_args(argv)
 
 
@@ -72,7 +78,7 @@ def resolve_config(args) -> study.BooleanConfig:
     if args.learning_rate is not None:
         schedules = {task: (args.learning_rate, epochs) for task, (_, epochs) in schedules.items()}
     overrides = {
-        k: v for k in ("steps", "row_policy", "open_value", "closed_value") if (v := getattr(args, k)) is not None
+        k: v for k in ("steps", "row_policy", "open_value", "closed_value") if (v := getattr(args, k, None)) is not None
     }
     config = dataclasses.replace(config, model=model, schedules=schedules, **overrides)
     if config.row_policy not in priors.ROW_POLICIES:
@@ -112,16 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             if sum(r["task"] == task.name and r["method"] == method.name for r in records) == len(seeds):
                 progress(f"{task.name} {method.name}: already in {out / 'results.jsonl'}, skipped")
                 continue
-            directory = out / "checkpoints" / f"{task.name}_{method.name}"
-            if not args.resume:
-                shutil.rmtree(directory, ignore_errors=True)
-            checkpoints = SweepCheckpoints(
-                directory, {"config": resolved, "task": task.name, "method": method.name}, args.checkpoint_every
-            )
+            name = f"{task.name}_{method.name}"
+            checkpoints = batch_checkpoints(out, name, {"config": resolved, "batch": name}, args)
             batch, maps[method.name] = study.run_batch(task, method, seeds, config, progress, checkpoints, args.resume)
             records += [{**r, **meta} for r in batch]
             write_outputs(out, records, reference)
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(checkpoints.directory, ignore_errors=True)
         if maps:
             plot_task(out, task, config, maps)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)

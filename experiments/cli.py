@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from maskjax import report
+from maskjax.checkpoint import SweepCheckpoints
 
 
 class UserError(Exception):
@@ -103,3 +104,11 @@ def prepare_out(out: Path, config: dict, resume: bool, overwrite: bool) -> list[
     if overwrite:
         shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return []
+
+
+def batch_checkpoints(out: Path, name: str, fingerprint: dict, args: argparse.Namespace) -> SweepCheckpoints:
+    """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
+    directory = out / "checkpoints" / name
+    if not args.resume:
+        shutil.rmtree(directory, ignore_errors=True)
+    return SweepCheckpoints(directory, fingerprint, args.checkpoint_every)

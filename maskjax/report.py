@@ -158,6 +158,27 @@ def plot_matrices(
     _save(fig, path)
 
 
+def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path, title: str) -> None:
+    """A labelled heat map with each cell's value written in it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5))
+    image = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel("closed logit")
+    ax.set_ylabel("open logit")
+    for (i, j), value in np.ndenumerate(grid):
+        ax.text(j, i, "-" if np.isnan(value) else f"{value:.1f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 

@@ -78,8 +78,17 @@ def get_preset(name: str) -> BooleanConfig:
     return PRESETS[name]
 
 
-def task_mask_logits(task: BooleanTask, method: Method, config: BooleanConfig, seed: int = 0) -> np.ndarray:
-    """The method's initial M over [CLS, bits] for one seed, before broadcasting to heads."""
+def task_mask_logits(
+    task: BooleanTask,
+    method: Method,
+    config: BooleanConfig,
+    seed: int = 0,
+    values: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """The method's initial M over [CLS, bits] for one seed, before broadcasting to heads.
+
+    values: (open, closed) logits for this run; the config's when None.
+    """
     size = task.n_bits + 1
     if method.mask_pattern == "zero":
         return np.zeros((size, size), np.float32)
@@ -90,7 +99,8 @@ def task_mask_logits(task: BooleanTask, method: Method, config: BooleanConfig, s
         )
     elif method.mask_pattern == "random":
         pattern = priors.random_pattern(pattern, seed)
-    return np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value))
+    open_value, closed_value = values if values is not None else (config.open_value, config.closed_value)
+    return np.asarray(priors.mask_logits(pattern, open_value, closed_value))
 
 
 def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
@@ -132,15 +142,25 @@ def run_batch(
     log: Callable[[str], None] | None = None,
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
+    mask_values: Sequence[tuple[float, float]] | None = None,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train one (task, method) over all seeds as one vmapped batch; return records and attention maps."""
+    """Train one (task, method) over all runs as one vmapped batch; return records and attention maps.
+
+    Run i has seed seeds[i] and, when mask_values is given, open / closed logits mask_values[i]:
+    numbers only, so a whole contrast grid shares one compiled program.
+    """
+    if mask_values is not None and len(mask_values) != len(seeds):
+        raise ValueError(f"{len(mask_values)} mask values for {len(seeds)} runs")
+    values = list(mask_values) if mask_values is not None else [(config.open_value, config.closed_value)] * len(seeds)
     train_config = config.train_config(task)
     points = cube(task.n_bits)
     seen = np.asarray(task.seen(points), bool)
     x_all = jnp.asarray(points, jnp.float32)
     data = (x_all[seen], jnp.asarray(task.target(points), jnp.float32)[seen])
     model = make_model(task, method, config)
-    run_masks = jnp.asarray(np.stack([task_mask_logits(task, method, config, seed) for seed in seeds]))
+    run_masks = jnp.asarray(
+        np.stack([task_mask_logits(task, method, config, seed, v) for seed, v in zip(seeds, values, strict=True)])
+    )
     run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
 
     heads = config.model.heads
@@ -212,6 +232,11 @@ def run_batch(
                 "task": task.name,
                 "method": method.name,
                 "seed": int(seed),
+                **(
+                    {"open_value": float(values[i][0]), "closed_value": float(values[i][1])}
+                    if method.mask_pattern not in ("none", "zero")
+                    else {}
+                ),
                 **metrics,
                 "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
                 "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),

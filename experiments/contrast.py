@@ -1,0 +1,113 @@
+"""Mask contrast sweep: python -m experiments.contrast --seeds=8 --open=0.5,2,5,10 --closed=-0.5,-2,-5,-10
+
+The whole grid (open x closed x seeds) is ONE vmapped batch: the open and closed logits are per-run
+numbers, not structure. Answers whether a low-contrast, genuinely learnable mask still persists, or
+only a near-frozen +-10 one does. Writes results.jsonl, summary.md, config.json and a heat map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.boolean import add_config_flags, resolve_config
+from experiments.cli import Parser, batch_checkpoints, prepare_out, progress, run_main
+from maskjax import report
+from maskjax.studies import boolean as study
+
+KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(np.isfinite(values)):
+        raise argparse.ArgumentTypeError(f"expected finite comma-separated numbers, got {text!r}")
+    return values
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.contrast", description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="2parity", help="one Boolean task (default 2parity)")
+    p.add_argument("--method", default="mask", help="a mask method: mask or mask_fixed (default mask)")
+    p.add_argument("--open", type=float_list, default=[0.5, 2.0, 5.0, 10.0], help="open logits (comma list)")
+    p.add_argument("--closed", type=float_list, default=[-0.5, -2.0, -5.0, -10.0], help="closed logits (comma list)")
+    p.add_argument(
+        "--out", type=Path, default=Path("results/contrast"), help="output folder (default results/contrast)"
+    )
+    add_config_flags(p, mask_values=False)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = resolve_config(args)
+    (task,), (method,) = study.resolve([args.task], [args.method], config)
+    if method.mask_pattern != "oracle":
+        raise ValueError(f"--method={method.name}: the contrast sweep needs a method with the oracle mask")
+    grid = list(itertools.product(args.open, args.closed))
+    runs = [(o, c, seed) for o, c in grid for seed in range(args.seeds)]
+    resolved = {
+        "study": "contrast",
+        "task": task.name,
+        "method": method.name,
+        "open": args.open,
+        "closed": args.closed,
+        "seeds": list(range(args.seeds)),
+        **dataclasses.asdict(config),
+        "train": dataclasses.asdict(config.train_config(task)),
+    }
+    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
+    out = args.out
+    env = report.environment()
+    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
+    if len(records) != len(runs):
+        progress(f"{task.name} {method.name}: {len(grid)} contrasts x {args.seeds} seeds = {len(runs)} runs, one batch")
+        checkpoints = batch_checkpoints(out, "grid", {"config": resolved}, args)
+        batch, _ = study.run_batch(
+            task,
+            method,
+            [seed for _, _, seed in runs],
+            config,
+            progress,
+            checkpoints,
+            args.resume,
+            mask_values=[(o, c) for o, c, _ in runs],
+        )
+        records = [{**r, "config": resolved, **env} for r in batch]
+        report.write_jsonl(out / "results.jsonl", records)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    table = report.summary_table(records, KEYS, ("open_value", "closed_value"))
+    report.write_atomic(out / "summary.md", f"# Contrast sweep: {task.name}, {method.name}\n\n" + table)
+    plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")
+    print(table, end="")
+    print(f"results in {out}/ (results.jsonl, summary.md, config.json, contrast.png)", file=sys.stderr)
+    return 0
+
+
+def plot_grid(records: list[dict], opens: list[float], closeds: list[float], path: Path, title: str) -> None:
+    """Mean acc_all over seeds as a heat map, open logits down, closed logits across."""
+    grid = np.full((len(opens), len(closeds)), np.nan)
+    for i, o in enumerate(opens):
+        for j, c in enumerate(closeds):
+            values = [
+                r["acc_all"]
+                for r in records
+                if r["open_value"] == o and r["closed_value"] == c and r["acc_all"] is not None
+            ]
+            if values:
+                grid[i, j] = 100 * np.mean(values)
+    report.plot_heatmap(grid, [f"{o:g}" for o in opens], [f"{c:g}" for c in closeds], path, title)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
