@@ -24,9 +24,9 @@ def records(out):
     )
 
 
-def start(out, *extra):
+def start(out, *extra, module="experiments.boolean", args=ARGS):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "experiments.boolean", *ARGS, f"--out={out}", *extra]
+    command = [sys.executable, "-m", module, *args, f"--out={out}", *extra]
     return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
 
 
@@ -65,6 +65,21 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path):
     assert "checkpoint at step 30 is unreadable" in resumed.stderr
     assert "resumed at step 20/40" in resumed.stderr
     assert records(killed) == records(whole)
+
+
+def test_contrast_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
+    args = ["--preset=test", "--seeds=2", "--open=2,10", "--closed=-10", "--steps=40", "--checkpoint-every=10"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert cli("experiments.contrast", *args, f"--out={whole}").returncode == 0
+    kill_after(start(killed, module="experiments.contrast", args=args), "checkpoint saved at step 20")
+    resumed = cli("experiments.contrast", *args, f"--out={killed}", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed at step 20/40" in resumed.stderr
+
+    def by_run(r):
+        return r["open_value"], r["seed"]
+
+    assert sorted(records(killed), key=by_run) == sorted(records(whole), key=by_run)
 
 
 def one_error_line(result, part):
