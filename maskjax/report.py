@@ -13,6 +13,18 @@ import jax
 import numpy as np
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(tmp: str, path: Path) -> None:
+    """Give the temp file the mode a plain open() would have (mkstemp makes it 0600), then rename it."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside `path`, then rename: a reader sees the old file or the new, never a torn one."""
     path = Path(path)
@@ -22,7 +34,7 @@ def write_atomic(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -187,7 +199,7 @@ def _save(fig, path: Path) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        _publish(tmp, path)
     finally:
         plt.close(fig)
         Path(tmp).unlink(missing_ok=True)

@@ -53,3 +53,9 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
 def test_environment_names_commit_jax_and_devices():
     env = report.environment()
     assert env["jax_version"] == jax.__version__ and env["devices"] and env["git_commit"]
+
+
+def test_results_files_get_ordinary_permissions(tmp_path):
+    path = tmp_path / "summary.md"
+    report.write_atomic(path, "x")
+    assert path.stat().st_mode & 0o777 == 0o666 & ~report._umask()
