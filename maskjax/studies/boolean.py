@@ -171,10 +171,15 @@ def run_batch(
     target_HNN = jnp.broadcast_to(jnp.asarray(target, jnp.float32), pattern_HNN.shape)
 
     def init_run(key: jax.Array, mask_logits: jax.Array):
-        model_key, prior_key = jax.random.split(key)
-        variables = make_model(task, method, config, mask_logits).init(model_key, data[0][:1])
+        # The model is initialised from the run's key itself, so adding a method never changes the others.
+        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
         params = qk_priors.with_qk_prior(
-            variables["params"], prior_key, method.qk_init, pattern_HNN, target_HNN, opt_steps=config.qk_opt_steps
+            variables["params"],
+            jax.random.fold_in(key, 1),
+            method.qk_init,
+            pattern_HNN,
+            target_HNN,
+            opt_steps=config.qk_opt_steps,
         )
         return params, variables.get("constants", {})
 
