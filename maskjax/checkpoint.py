@@ -95,8 +95,6 @@ class SweepCheckpoints:
                 if log is not None:
                     log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
                 continue
-            state = restored["state"]
-            state = RunState(*state) if not isinstance(state, RunState) else state
-            state = state._replace(data_key=jax.random.wrap_key_data(state.data_key))
+            state = restored["state"]._replace(data_key=jax.random.wrap_key_data(restored["state"].data_key))
             return int(meta["step"]), state, np.asarray(restored["history"])
         return None

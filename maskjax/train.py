@@ -11,12 +11,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+if TYPE_CHECKING:
+    from maskjax.checkpoint import SweepCheckpoints
 
 PyTree = Any
 
@@ -67,14 +70,14 @@ def train(
     config: TrainConfig,
     log: Log | None = None,
     label: str = "",
-    checkpoints: Any = None,
+    checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
 ) -> tuple[RunState, RunState, np.ndarray]:
     """Train every run of a batch; returns (initial states, final states, loss history [runs, steps]).
 
     init_run(key, *inputs) -> (params, constants) for one run; loss(params, constants, batch) -> scalar.
     run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs.
-    checkpoints (a maskjax.checkpoint.SweepCheckpoints) saves the batch at chunk ends when due; with
+    checkpoints saves the batch at chunk ends when due; with
     resume, training continues from its newest readable checkpoint. Checkpoints fall on chunk
     boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
