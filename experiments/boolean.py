@@ -31,6 +31,7 @@ from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
 
+MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim", "dtype")
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
@@ -45,6 +46,11 @@ def add_config_flags(p: Parser, mask_values: bool = True) -> None:
     p.add_argument("--heads", type=positive_int, help="attention heads")
     p.add_argument("--head-dim", type=positive_int, help="width of each head")
     p.add_argument("--mlp-dim", type=positive_int, help="MLP hidden width")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        help="matmul dtype (default float32; bfloat16 for accelerators, parameters and optimizer stay float32)",
+    )
     p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
     if mask_values:
         p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
@@ -72,7 +78,7 @@ def resolve_config(args) -> study.BooleanConfig:
     config = study.get_preset(args.preset)
     model = dataclasses.replace(
         config.model,
-        **{k: v for k in ("dim", "depth", "heads", "head_dim", "mlp_dim") if (v := getattr(args, k)) is not None},
+        **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None},
     )
     schedules = config.schedules
     if args.learning_rate is not None:
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": args.methods,
         "seeds": seeds,
         **dataclasses.asdict(config),
+        "steps": {t.name: config.train_config(t).steps for t in tasks},
         "train": {t.name: dataclasses.asdict(config.train_config(t)) for t in tasks},
     }
     records = prepare_out(args.out, resolved, args.resume, args.overwrite)

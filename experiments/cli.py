@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import jax
 
 from maskjax import report
 from maskjax.checkpoint import SweepCheckpoints
@@ -55,9 +58,18 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def initialize_distributed() -> None:
+    """Join a multi-host job when MASKJAX_DISTRIBUTED=1: jax.distributed finds the coordinator and process
+    ids itself on Cloud TPU, Slurm and Open MPI, or from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID. The runs axis then spans every host's devices; only process 0 writes files."""
+    if os.environ.get("MASKJAX_DISTRIBUTED") == "1":
+        jax.distributed.initialize()
+
+
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
     """Run a CLI body; bad input becomes `error: ...` on stderr and exit 2, never a traceback."""
     try:
+        initialize_distributed()
         return main(argv)
     except (UserError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

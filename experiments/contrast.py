@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "closed": args.closed,
         "seeds": list(range(args.seeds)),
         **dataclasses.asdict(config),
+        "steps": config.train_config(task).steps,
         "train": dataclasses.asdict(config.train_config(task)),
     }
     records = prepare_out(args.out, resolved, args.resume, args.overwrite)

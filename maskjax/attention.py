@@ -41,10 +41,14 @@ def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: in
 def attention_weights(
     q: jax.Array, k: jax.Array, mask_logits: jax.Array | None = None, *, mask_scale: float | jax.Array = 1.0
 ) -> jax.Array:
-    """Attention probabilities [batch..., heads, q_len, kv_len] for q, k in [batch..., length, heads, head_dim]."""
+    """Attention probabilities [batch..., heads, q_len, kv_len] for q, k in [batch..., length, heads, head_dim].
+
+    Computed in at least float32, so bfloat16 projections keep a float32 softmax.
+    """
     *_, q_len, heads, head_dim = q.shape
-    dtype = jnp.result_type(q.dtype, k.dtype)
-    logits_BHQK = jnp.einsum("...qhd,...khd->...hqk", q, k) / jnp.sqrt(jnp.asarray(head_dim, dtype))
+    dtype = jnp.promote_types(jnp.result_type(q.dtype, k.dtype), jnp.float32)
+    logits_BHQK = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=dtype)
+    logits_BHQK = logits_BHQK / jnp.sqrt(jnp.asarray(head_dim, dtype))
     if mask_logits is not None:
         check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
         bias = jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
@@ -72,8 +76,13 @@ def masked_attention(
 
 
 def attend(weights_BHQK: jax.Array, v: jax.Array) -> jax.Array:
-    """Mix values [batch..., kv_len, heads, head_dim] with attention weights."""
-    return jnp.einsum("...hqk,...khd->...qhd", weights_BHQK, v.astype(weights_BHQK.dtype))
+    """Mix values [batch..., kv_len, heads, head_dim] with attention weights, in v's dtype (at least float32 out)."""
+    return jnp.einsum(
+        "...hqk,...khd->...qhd",
+        weights_BHQK.astype(v.dtype),
+        v,
+        preferred_element_type=jnp.promote_types(v.dtype, jnp.float32),
+    )
 
 
 def constant_init(value: jax.Array | np.ndarray) -> MaskInit:
@@ -105,6 +114,7 @@ class MaskedSelfAttention(nn.Module):
     (a constant in the `constants` collection, which the optimizer never sees).
     mask_init: array broadcastable to [heads, N, N], or an initializer; used at init only.
     Attention weights are sown into `intermediates/attention` when that collection is mutable.
+    dtype: of the projections (e.g. bfloat16 on accelerators); logits, bias and softmax are at least float32.
     """
 
     heads: int
@@ -114,13 +124,14 @@ class MaskedSelfAttention(nn.Module):
     mask_scale: float = 1.0
     out_features: int | None = None
     kernel_init: Callable = torch_linear_init
+    dtype: jnp.dtype | str | None = None
 
     @nn.compact
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
         length, features = x_BLD.shape[-2], x_BLD.shape[-1]
-        qkv = nn.DenseGeneral((3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, name="qkv")(
-            x_BLD
-        )
+        qkv = nn.DenseGeneral(
+            (3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, dtype=self.dtype, name="qkv"
+        )(x_BLD)
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
         mask_logits = self.mask_logits(length)
         weights = attention_weights(q, k, mask_logits, mask_scale=self.mask_scale)
@@ -131,8 +142,9 @@ class MaskedSelfAttention(nn.Module):
             axis=(-2, -1),
             kernel_init=self.kernel_init,
             bias_init=torch_bias_init(self.heads * self.head_dim),
+            dtype=self.dtype,
             name="out",
-        )(out)
+        )(out).astype(x_BLD.dtype)
 
     def mask_logits(self, length: int) -> jax.Array | None:
         shape = (self.heads, length, length)

@@ -26,7 +26,12 @@ def _publish(tmp: str, path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file beside `path`, then rename: a reader sees the old file or the new, never a torn one."""
+    """Write to a temp file beside `path`, then rename: a reader sees the old file or the new, never a torn one.
+
+    In a multi-host job only process 0 writes; every process holds the same gathered results.
+    """
+    if jax.process_index() != 0:
+        return
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -194,6 +199,9 @@ def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], 
 def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
+    if jax.process_index() != 0:
+        plt.close(fig)
+        return
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
     os.close(fd)

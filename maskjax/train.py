@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 if TYPE_CHECKING:
     from maskjax.checkpoint import SweepCheckpoints
@@ -61,6 +62,56 @@ Loss = Callable[[PyTree, PyTree, PyTree], jax.Array]
 Log = Callable[[str], None]
 
 
+class Program(NamedTuple):
+    """The compiled pieces of a batch: `init(keys, *inputs)` -> stacked RunState, and
+    `chunk(state, data, start, n_steps)` -> (state, losses [runs, n_steps]), n_steps static.
+    `step(state, data, step)` is one vmapped step, for cost analysis (it draws its own epoch order)."""
+
+    init: Callable
+    chunk: Callable
+    step: Callable
+
+
+def compile_program(init_run: InitRun, loss: Loss, n_train: int, config: TrainConfig) -> Program:
+    """vmap the one-run functions over the runs axis and jit them; the state is donated to each chunk."""
+    if n_train < config.batch_size:
+        raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
+    optimizer = make_optimizer(config)
+    steps_per_epoch = n_train // config.batch_size
+
+    def init_one(key: jax.Array, *inputs: jax.Array) -> RunState:
+        init_key, data_key = jax.random.split(key)
+        params, constants = init_run(init_key, *inputs)
+        return RunState(params, constants, optimizer.init(params), data_key)
+
+    def step_one(state: RunState, step: jax.Array, order: jax.Array, data: PyTree) -> tuple[RunState, jax.Array]:
+        offset = (step % steps_per_epoch) * config.batch_size
+        idx = jax.lax.dynamic_slice(order, (offset,), (config.batch_size,))
+        batch = jax.tree.map(lambda a: a[idx], data)
+        value, grads = jax.value_and_grad(loss)(state.params, state.constants, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), value
+
+    def chunk_one(state: RunState, data: PyTree, start: jax.Array, n_steps: int) -> tuple[RunState, jax.Array]:
+        first_epoch = start // steps_per_epoch
+        orders = epoch_orders(state.data_key, first_epoch, n_steps // steps_per_epoch + 2, n_train)
+
+        def body(s: RunState, t: jax.Array) -> tuple[RunState, jax.Array]:
+            return step_one(s, t, orders[t // steps_per_epoch - first_epoch], data)
+
+        return jax.lax.scan(body, state, start + jnp.arange(n_steps))
+
+    def single_step(state: RunState, data: PyTree, step: jax.Array) -> tuple[RunState, jax.Array]:
+        order = epoch_orders(state.data_key, step // steps_per_epoch, 1, n_train)[0]
+        return step_one(state, step, order, data)
+
+    return Program(
+        init=jax.jit(jax.vmap(init_one)),
+        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3, donate_argnums=0),
+        step=jax.jit(jax.vmap(single_step, in_axes=(0, None, None))),
+    )
+
+
 def train(
     init_run: InitRun,
     loss: Loss,
@@ -81,40 +132,10 @@ def train(
     resume, training continues from its newest readable checkpoint. Checkpoints fall on chunk
     boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
-    n_train = jax.tree.leaves(data)[0].shape[0]
-    if n_train < config.batch_size:
-        raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
-    optimizer = make_optimizer(config)
-
-    def init_one(key: jax.Array, *inputs: jax.Array) -> RunState:
-        init_key, data_key = jax.random.split(key)
-        params, constants = init_run(init_key, *inputs)
-        return RunState(params, constants, optimizer.init(params), data_key)
-
-    steps_per_epoch = n_train // config.batch_size
-
-    def step_one(state: RunState, step: jax.Array, order: jax.Array, data: PyTree) -> tuple[RunState, jax.Array]:
-        offset = (step % steps_per_epoch) * config.batch_size
-        idx = jax.lax.dynamic_slice(order, (offset,), (config.batch_size,))
-        batch = jax.tree.map(lambda a: a[idx], data)
-        value, grads = jax.value_and_grad(loss)(state.params, state.constants, batch)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), value
-
-    def chunk_one(state: RunState, data: PyTree, start: jax.Array, n_steps: int) -> tuple[RunState, jax.Array]:
-        first_epoch = start // steps_per_epoch
-        orders = epoch_orders(state.data_key, first_epoch, n_steps // steps_per_epoch + 2, n_train)
-
-        def body(s: RunState, t: jax.Array) -> tuple[RunState, jax.Array]:
-            return step_one(s, t, orders[t // steps_per_epoch - first_epoch], data)
-
-        return jax.lax.scan(body, state, start + jnp.arange(n_steps))
-
-    init = jax.jit(jax.vmap(init_one))
-    chunk = jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3)
+    program = compile_program(init_run, loss, jax.tree.leaves(data)[0].shape[0], config)
     n_runs = len(run_keys)
-    initial = init(*shard_runs((run_keys, *run_inputs)))
-    state, first_step, losses = initial, 0, []
+    initial = program.init(*shard_runs((run_keys, *run_inputs)))
+    state, first_step, losses = jax.tree.map(jnp.copy, initial), 0, []
     if checkpoints is not None and resume:
         found = checkpoints.restore_latest(initial, log)
         if found is not None:
@@ -125,8 +146,8 @@ def train(
     started = time.time()
     for start in range(first_step, config.steps, config.chunk_steps):
         n_steps = min(config.chunk_steps, config.steps - start)
-        state, chunk_losses = chunk(state, data, jnp.asarray(start), n_steps)
-        losses.append(np.asarray(chunk_losses))
+        state, chunk_losses = program.chunk(state, data, jnp.asarray(start), n_steps)
+        losses.append(to_host(chunk_losses))
         done = start + n_steps
         if log is not None:
             log(
@@ -162,6 +183,13 @@ def shard_runs(tree: PyTree) -> PyTree:
         return jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs")))
 
     return jax.tree.map(pad_and_put, tree)
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """x as one numpy array on this host, gathered from every process when its runs span hosts."""
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def first_nonfinite_step(history: np.ndarray) -> np.ndarray:

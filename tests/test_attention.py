@@ -126,3 +126,26 @@ def test_fixed_mask_gets_no_update_and_learnable_mask_does():
             assert "mask_logits" not in params
         else:
             assert not np.allclose(np.asarray(params["mask_logits"][0]), pattern)
+
+
+def test_bfloat16_projections_keep_a_float32_softmax_and_stay_close():
+    q, k, v, m = random_inputs(seed=3)
+    expected, _ = numpy_attention(q, k, v, m)
+    q16, k16, v16 = (jnp.asarray(a, jnp.bfloat16) for a in (q, k, v))
+    weights = maskjax.attention_weights(q16, k16, jnp.asarray(m, jnp.float32))
+    assert weights.dtype == jnp.float32
+    out = maskjax.masked_attention(q16, k16, v16, jnp.asarray(m, jnp.float32))
+    assert out.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(out, np.float64), expected, rtol=5e-2, atol=5e-2)
+
+
+def test_module_in_bfloat16_keeps_float32_parameters_and_output():
+    x = jax.random.normal(jax.random.key(0), (2, 6, 8))
+    prior = jnp.where(jnp.eye(6, dtype=bool), 10.0, -10.0)
+    full = MaskedSelfAttention(2, 4, mask_mode="learnable", mask_init=prior)
+    half = MaskedSelfAttention(2, 4, mask_mode="learnable", mask_init=prior, dtype=jnp.bfloat16)
+    variables = full.init(jax.random.key(1), x)
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(half.init(jax.random.key(1), x)))
+    out = half.apply(variables, x)
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(out), np.asarray(full.apply(variables, x)), atol=5e-2)

@@ -30,6 +30,8 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
     assert "+-" in summary
     config = json.loads((out / "config.json").read_text())
     assert config["model"]["dim"] == 16 and config["seeds"] == [0, 1] and config["environment"]["jax_version"]
+    assert {"dim", "depth", "heads", "head_dim", "mlp_dim", "dtype"} <= set(config["model"])
+    assert config["batch_size"] == 256 and config["steps"] == {"2parity": 10, "threesym": 10}
     for png in ("accuracy.png", "attention_2parity.png", "attention_threesym.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "2parity mask step 10/10" in result.stderr
@@ -45,6 +47,7 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
         (["--seeds=abc"], "--seeds"),
         (["--preset=huge"], "unknown preset 'huge'"),
         (["--row-policy=nope"], "unknown row policy"),
+        (["--dtype=float16"], "--dtype"),
         (["--tasks=cyclic3", "--methods=mask_misspecified"], "mask_misspecified on cyclic3"),
     ],
 )

@@ -25,10 +25,11 @@ class ModelConfig:
     heads: int = 6
     head_dim: int = 64
     mlp_dim: int = 256
+    dtype: str = "float32"  # of the matmuls; parameters, LayerNorm, softmax and the optimizer stay float32
 
 
-def _torch_dense(features: int, fan_in: int, name: str) -> nn.Dense:
-    return nn.Dense(features, kernel_init=torch_linear_init, bias_init=torch_bias_init(fan_in), name=name)
+def _torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") -> nn.Dense:
+    return nn.Dense(features, dtype=dtype, kernel_init=torch_linear_init, bias_init=torch_bias_init(fan_in), name=name)
 
 
 class Block(nn.Module):
@@ -41,12 +42,12 @@ class Block(nn.Module):
         c = self.config
         h = nn.LayerNorm(epsilon=1e-5, name="attn_norm")(x_BLD)
         x_BLD = x_BLD + MaskedSelfAttention(
-            c.heads, c.head_dim, mask_mode=self.mask_mode, mask_init=self.mask_init, name="attn"
+            c.heads, c.head_dim, mask_mode=self.mask_mode, mask_init=self.mask_init, dtype=c.dtype, name="attn"
         )(h)
         h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)
-        h = _torch_dense(c.mlp_dim, c.dim, "mlp_in")(h)
+        h = _torch_dense(c.mlp_dim, c.dim, "mlp_in", c.dtype)(h)
         h = nn.gelu(h, approximate=False)
-        return x_BLD + _torch_dense(c.dim, c.mlp_dim, "mlp_out")(h)
+        return x_BLD + _torch_dense(c.dim, c.mlp_dim, "mlp_out", c.dtype)(h).astype(x_BLD.dtype)
 
 
 class GotuTransformer(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from maskjax.tasks.boolean import (
     minimum_degree_interpolator,
     scores,
 )
-from maskjax.train import TrainConfig, first_nonfinite_step, train
+from maskjax.train import TrainConfig, first_nonfinite_step, to_host, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,68 @@ def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
     return priors.row_distribution(np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value)))
 
 
+class Batch(NamedTuple):
+    """Everything `train` needs for one (task, method) batch, plus what evaluation reuses."""
+
+    model: GotuTransformer
+    init_run: Callable
+    loss: Callable
+    run_keys: jax.Array
+    run_masks: jax.Array
+    mask_values: list[tuple[float, float]]
+    data: tuple[jax.Array, jax.Array]
+    train_config: TrainConfig
+
+
+def make_batch(
+    task: BooleanTask,
+    method: Method,
+    seeds: Sequence[int],
+    config: BooleanConfig,
+    mask_values: Sequence[tuple[float, float]] | None = None,
+) -> Batch:
+    """The one-run init and loss of (task, method) and the per-run inputs of every seed."""
+    if mask_values is not None and len(mask_values) != len(seeds):
+        raise ValueError(f"{len(mask_values)} mask values for {len(seeds)} runs")
+    values = list(mask_values) if mask_values is not None else [(config.open_value, config.closed_value)] * len(seeds)
+    points = cube(task.n_bits)
+    seen = np.asarray(task.seen(points), bool)
+    data = (jnp.asarray(points[seen], jnp.float32), jnp.asarray(task.target(points), jnp.float32)[seen])
+    model = make_model(task, method, config)
+    run_masks = jnp.asarray(
+        np.stack([task_mask_logits(task, method, config, seed, v) for seed, v in zip(seeds, values, strict=True)])
+    )
+    run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+    heads = config.model.heads
+    pattern_HNN = jnp.broadcast_to(
+        jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *run_masks.shape[1:])
+    )
+    target_HNN = jnp.broadcast_to(jnp.asarray(oracle_target(task, config), jnp.float32), pattern_HNN.shape)
+
+    def init_run(key: jax.Array, mask_logits: jax.Array):
+        # The model is initialised from the run's key itself, so adding a method never changes the others.
+        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
+        params = qk_priors.with_qk_prior(
+            variables["params"],
+            jax.random.fold_in(key, 1),
+            method.qk_init,
+            pattern_HNN,
+            target_HNN,
+            opt_steps=config.qk_opt_steps,
+        )
+        return params, variables.get("constants", {})
+
+    def loss(params, constants, batch):
+        x, y = batch
+        return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
+
+    return Batch(model, init_run, loss, run_keys, run_masks, values, data, config.train_config(task))
+
+
+def variables_of(params, constants) -> dict:
+    return {"params": params, "constants": constants} if constants else {"params": params}
+
+
 def run_batch(
     task: BooleanTask,
     method: Method,
@@ -149,54 +212,20 @@ def run_batch(
     Run i has seed seeds[i] and, when mask_values is given, open / closed logits mask_values[i]:
     numbers only, so a whole contrast grid shares one compiled program.
     """
-    if mask_values is not None and len(mask_values) != len(seeds):
-        raise ValueError(f"{len(mask_values)} mask values for {len(seeds)} runs")
-    values = list(mask_values) if mask_values is not None else [(config.open_value, config.closed_value)] * len(seeds)
-    train_config = config.train_config(task)
+    batch = make_batch(task, method, seeds, config, mask_values)
+    model, train_config, values = batch.model, batch.train_config, batch.mask_values
     points = cube(task.n_bits)
     seen = np.asarray(task.seen(points), bool)
     x_all = jnp.asarray(points, jnp.float32)
-    data = (x_all[seen], jnp.asarray(task.target(points), jnp.float32)[seen])
-    model = make_model(task, method, config)
-    run_masks = jnp.asarray(
-        np.stack([task_mask_logits(task, method, config, seed, v) for seed, v in zip(seeds, values, strict=True)])
-    )
-    run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-
-    heads = config.model.heads
-    pattern_HNN = jnp.broadcast_to(
-        jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *run_masks.shape[1:])
-    )
     target = oracle_target(task, config)
-    target_HNN = jnp.broadcast_to(jnp.asarray(target, jnp.float32), pattern_HNN.shape)
-
-    def init_run(key: jax.Array, mask_logits: jax.Array):
-        # The model is initialised from the run's key itself, so adding a method never changes the others.
-        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
-        params = qk_priors.with_qk_prior(
-            variables["params"],
-            jax.random.fold_in(key, 1),
-            method.qk_init,
-            pattern_HNN,
-            target_HNN,
-            opt_steps=config.qk_opt_steps,
-        )
-        return params, variables.get("constants", {})
-
-    def variables_of(params, constants) -> dict:
-        return {"params": params, "constants": constants} if constants else {"params": params}
-
-    def loss(params, constants, batch):
-        x, y = batch
-        return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
     started = time.time()
     initial, final, history = train(
-        init_run,
-        loss,
-        run_keys,
-        (run_masks,),
-        data,
+        batch.init_run,
+        batch.loss,
+        batch.run_keys,
+        (batch.run_masks,),
+        batch.data,
         train_config,
         log,
         label=f"{task.name} {method.name}",
@@ -214,9 +243,9 @@ def run_batch(
     def attention(params, constants):
         return layer0_attention(model, variables_of(params, constants), x_all[:: max(1, x_all.shape[0] // 512)])
 
-    preds = np.asarray(evaluate(final.params, final.constants))
-    attention_init = np.asarray(attention(initial.params, initial.constants))
-    attention_final = np.asarray(attention(final.params, final.constants))
+    preds = to_host(evaluate(final.params, final.constants))
+    attention_init = to_host(attention(initial.params, initial.constants))
+    attention_final = to_host(attention(final.params, final.constants))
     maps = {"init": attention_init.mean(axis=(1, 2)), "final": attention_final.mean(axis=(1, 2))}
     seconds = time.time() - started
     diverged_at = first_nonfinite_step(history)

@@ -151,6 +151,17 @@ def scores(task: BooleanTask, pred: np.ndarray) -> dict[str, float]:
     }
 
 
+def two_parity(n_bits: int, name: str = "2parity") -> BooleanTask:
+    """x0 x1 on n bits, unseen where x0 = x1 = -1; the paper's 2Parity is n_bits = 15."""
+    return BooleanTask(
+        name,
+        n_bits,
+        target=lambda x: x[..., 0] * x[..., 1],
+        seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
+        groups=((0, 1),),
+    )
+
+
 def _cyclic3(x: np.ndarray) -> np.ndarray:
     return sum(x[..., i] * x[..., (i + 1) % 15] * x[..., (i + 2) % 15] for i in range(15))
 
@@ -158,13 +169,7 @@ def _cyclic3(x: np.ndarray) -> np.ndarray:
 TASKS: dict[str, BooleanTask] = {
     t.name: t
     for t in [
-        BooleanTask(
-            "2parity",
-            15,
-            target=lambda x: x[..., 0] * x[..., 1],
-            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
-            groups=((0, 1),),
-        ),
+        two_parity(15),
         BooleanTask(
             "cyclic3",
             15,
