@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(checkpoints.directory, ignore_errors=True)
         if maps:
             plot_task(out, task, config, maps)
+            report.plot_drift([r for r in records if r.get("task") == task.name], out / f"drift_{task.name}.png")
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")

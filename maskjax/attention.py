@@ -38,6 +38,13 @@ def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: in
         raise ValueError(f"mask_logits of shape {shape} contains NaN or infinite values")
 
 
+def qk_logits(q: jax.Array, k: jax.Array) -> jax.Array:
+    """q.k / sqrt(head_dim) as [batch..., heads, q_len, kv_len], in at least float32."""
+    dtype = jnp.promote_types(jnp.result_type(q.dtype, k.dtype), jnp.float32)
+    logits_BHQK = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=dtype)
+    return logits_BHQK / jnp.sqrt(jnp.asarray(q.shape[-1], dtype))
+
+
 def attention_weights(
     q: jax.Array, k: jax.Array, mask_logits: jax.Array | None = None, *, mask_scale: float | jax.Array = 1.0
 ) -> jax.Array:
@@ -45,14 +52,17 @@ def attention_weights(
 
     Computed in at least float32, so bfloat16 projections keep a float32 softmax.
     """
-    *_, q_len, heads, head_dim = q.shape
-    dtype = jnp.promote_types(jnp.result_type(q.dtype, k.dtype), jnp.float32)
-    logits_BHQK = jnp.einsum("...qhd,...khd->...hqk", q, k, preferred_element_type=dtype)
-    logits_BHQK = logits_BHQK / jnp.sqrt(jnp.asarray(head_dim, dtype))
+    return biased_softmax(qk_logits(q, k), mask_logits, mask_scale)
+
+
+def biased_softmax(
+    logits_BHQK: jax.Array, mask_logits: jax.Array | None, mask_scale: float | jax.Array = 1.0
+) -> jax.Array:
+    """softmax(logits + log_sigmoid(mask_scale * mask_logits)) over the keys; plain softmax without a mask."""
     if mask_logits is not None:
-        check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
-        bias = jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
-        logits_BHQK = logits_BHQK + bias
+        check_mask_logits(mask_logits, *logits_BHQK.shape[-3:])
+        dtype = logits_BHQK.dtype
+        logits_BHQK = logits_BHQK + jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
     return jax.nn.softmax(logits_BHQK, axis=-1)
 
 
@@ -113,7 +123,8 @@ class MaskedSelfAttention(nn.Module):
     mask_mode: "none" (plain attention), "learnable" (param `mask_logits`) or "fixed"
     (a constant in the `constants` collection, which the optimizer never sees).
     mask_init: array broadcastable to [heads, N, N], or an initializer; used at init only.
-    Attention weights are sown into `intermediates/attention` when that collection is mutable.
+    Attention weights and the unbiased q.k logits are sown into `intermediates/attention` and
+    `intermediates/qk_logits` when that collection is mutable.
     dtype: of the projections (e.g. bfloat16 on accelerators); logits, bias and softmax are at least float32.
     """
 
@@ -133,8 +144,9 @@ class MaskedSelfAttention(nn.Module):
             (3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, dtype=self.dtype, name="qkv"
         )(x_BLD)
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
-        mask_logits = self.mask_logits(length)
-        weights = attention_weights(q, k, mask_logits, mask_scale=self.mask_scale)
+        logits_BHQK = qk_logits(q, k)
+        self.sow("intermediates", "qk_logits", logits_BHQK)
+        weights = biased_softmax(logits_BHQK, self.mask_logits(length), self.mask_scale)
         self.sow("intermediates", "attention", weights)
         out = attend(weights, v).astype(x_BLD.dtype)
         return nn.DenseGeneral(

@@ -30,7 +30,7 @@ def _quiet_absl() -> None:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
 
 
-def _to_saveable(state: RunState, history: np.ndarray) -> dict[str, Any]:
+def _to_saveable(state: RunState, history: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"state": state._replace(data_key=jax.random.key_data(state.data_key)), "history": history}
 
 
@@ -63,9 +63,12 @@ class SweepCheckpoints:
             return done // self.every_steps > previous // self.every_steps
         return time.monotonic() - self.last_save >= self.every_seconds
 
-    def save(self, step: int, state: RunState, history: np.ndarray) -> None:
-        saveable = _to_saveable(state, np.asarray(history))
-        meta = {"step": step, "fingerprint": self.fingerprint, "history_shape": list(np.shape(history))}
+    def save(self, step: int, state: RunState, history: dict[str, np.ndarray]) -> None:
+        """history: per name, what the batch has logged so far (losses, probes), runs first."""
+        history = {name: np.asarray(v, np.float32) for name, v in history.items()}
+        saveable = _to_saveable(state, history)
+        shapes = {name: list(v.shape) for name, v in history.items()}
+        meta = {"step": step, "fingerprint": self.fingerprint, "history_shapes": shapes}
         self.manager.save(
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(saveable), meta=ocp.args.JsonSave(meta))
         )
@@ -73,7 +76,7 @@ class SweepCheckpoints:
 
     def restore_latest(
         self, like: RunState, log: Callable[[str], None] | None = None
-    ) -> tuple[int, RunState, np.ndarray] | None:
+    ) -> tuple[int, RunState, dict[str, np.ndarray]] | None:
         """(step, state, history) from the newest readable checkpoint, or None if there is none."""
         self.manager.reload()
         for step in sorted(self.manager.all_steps(), reverse=True):
@@ -84,7 +87,7 @@ class SweepCheckpoints:
                         f"checkpoint {self.directory / str(step)} was written by another config; "
                         "use --overwrite or another --out"
                     )
-                history = np.zeros(meta["history_shape"], np.float32)
+                history = {name: np.zeros(shape, np.float32) for name, shape in meta["history_shapes"].items()}
                 abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like, history))
                 restored = self.manager.restore(
                     step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
@@ -96,5 +99,5 @@ class SweepCheckpoints:
                     log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
                 continue
             state = restored["state"]._replace(data_key=jax.random.wrap_key_data(restored["state"].data_key))
-            return int(meta["step"]), state, np.asarray(restored["history"])
+            return int(meta["step"]), state, {name: np.asarray(v) for name, v in restored["history"].items()}
         return None

@@ -151,6 +151,39 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
     _save(fig, path)
 
 
+DRIFT_KEYS = ("attention_drift", "prior_logit_drift")
+
+
+def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS) -> None:
+    """Per drift key, one panel per layer: the mean over seeds against training step, per method, with the
+    seed range shaded. Records carry `drift_steps` and, per key, [steps][layers] values."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [r for r in records if r.get("drift_steps")]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    layers = len(records[0][keys[0]][0]) if records else 0
+    fig, axes = plt.subplots(len(keys), max(layers, 1), figsize=(3.6 * max(layers, 1), 3.0 * len(keys)), squeeze=False)
+    for row, key in enumerate(keys):
+        for layer in range(layers):
+            ax = axes[row][layer]
+            for method in methods:
+                runs = [r for r in records if r["method"] == method]
+                values = np.asarray([[step[layer] for step in r[key]] for r in runs], np.float64)
+                steps = runs[0]["drift_steps"]
+                ax.plot(steps, values.mean(0), label=method)
+                ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
+            ax.set_title(f"layer {layer}", fontsize=9)
+            ax.set_xlabel("step")
+            ax.set_ylabel(key, fontsize=8)
+    if layers:
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def plot_matrices(
     matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
 ) -> None:

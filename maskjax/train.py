@@ -112,6 +112,20 @@ def compile_program(init_run: InitRun, loss: Loss, n_train: int, config: TrainCo
     )
 
 
+Probe = Callable[[RunState, RunState], dict[str, jax.Array]]
+
+
+class Trained(NamedTuple):
+    """What `train` returns, runs first: initial and final states, losses [runs, steps] and, per probe
+    name, its values at init and after every chunk [runs, chunks + 1, ...], with the steps they were taken at."""
+
+    initial: RunState
+    final: RunState
+    losses: np.ndarray
+    probes: dict[str, np.ndarray]
+    probe_steps: list[int]
+
+
 def train(
     init_run: InitRun,
     loss: Loss,
@@ -123,44 +137,54 @@ def train(
     label: str = "",
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
-) -> tuple[RunState, RunState, np.ndarray]:
-    """Train every run of a batch; returns (initial states, final states, loss history [runs, steps]).
+    probe: Probe | None = None,
+) -> Trained:
+    """Train every run of a batch.
 
     init_run(key, *inputs) -> (params, constants) for one run; loss(params, constants, batch) -> scalar.
     run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs.
-    checkpoints saves the batch at chunk ends when due; with
+    probe(initial, state) -> {name: array} for one run is measured at init and after every chunk
+    (e.g. how far the attention has drifted). checkpoints saves the batch at chunk ends when due; with
     resume, training continues from its newest readable checkpoint. Checkpoints fall on chunk
     boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
     program = compile_program(init_run, loss, jax.tree.leaves(data)[0].shape[0], config)
+    measure = jax.jit(jax.vmap(probe)) if probe is not None else None
     n_runs = len(run_keys)
     initial = program.init(*shard_runs((run_keys, *run_inputs)))
-    state, first_step, losses = jax.tree.map(jnp.copy, initial), 0, []
+    state, first_step = jax.tree.map(jnp.copy, initial), 0
+    history: dict[str, list[np.ndarray]] = {"loss": []}
+    if measure is not None:
+        history.update({name: [to_host(v)[:, None]] for name, v in measure(initial, initial).items()})
     if checkpoints is not None and resume:
         found = checkpoints.restore_latest(initial, log)
         if found is not None:
-            first_step, state, done_history = found
-            losses.append(done_history)
+            first_step, state, done = found
+            history = {name: [done[name]] for name in history}
             if log is not None:
                 log(f"{label} resumed at step {first_step}/{config.steps}")
     started = time.time()
     for start in range(first_step, config.steps, config.chunk_steps):
         n_steps = min(config.chunk_steps, config.steps - start)
         state, chunk_losses = program.chunk(state, data, jnp.asarray(start), n_steps)
-        losses.append(to_host(chunk_losses))
+        history["loss"].append(to_host(chunk_losses))
+        if measure is not None:
+            for name, value in measure(initial, state).items():
+                history[name].append(to_host(value)[:, None])
         done = start + n_steps
         if log is not None:
             log(
-                f"{label} step {done}/{config.steps} loss {np.mean(losses[-1][:n_runs, -1]):.4g} "
+                f"{label} step {done}/{config.steps} loss {np.mean(history['loss'][-1][:n_runs, -1]):.4g} "
                 f"({time.time() - started:.0f}s)"
             )
         if checkpoints is not None and done < config.steps and checkpoints.due(done, start):
-            checkpoints.save(done, state, np.concatenate(losses, axis=1))
+            checkpoints.save(done, state, {name: np.concatenate(v, axis=1) for name, v in history.items()})
             if log is not None:
                 log(f"{label} checkpoint saved at step {done}")
-    history = np.concatenate(losses, axis=1) if losses else np.zeros((n_runs, 0))
+    joined = {name: np.concatenate(v, axis=1)[:n_runs] if v else np.zeros((n_runs, 0)) for name, v in history.items()}
     initial, state = jax.tree.map(lambda a: a[:n_runs], (initial, state))
-    return initial, state, history[:n_runs]
+    probe_steps = [0, *range(config.chunk_steps, config.steps, config.chunk_steps), config.steps]
+    return Trained(initial, state, joined.pop("loss"), joined, probe_steps if measure is not None else [])
 
 
 def runs_mesh() -> jax.sharding.Mesh:

@@ -17,17 +17,19 @@ def example_state(value: float) -> RunState:
 def test_save_restore_round_trip_keeps_the_last_two(tmp_path):
     checkpoints = SweepCheckpoints(tmp_path / "c", {"lr": 1.0}, every_steps=5)
     for step in (5, 10, 15):
-        checkpoints.save(step, example_state(float(step)), np.full((2, step), step, np.float32))
+        history = {"loss": np.full((2, step), step, np.float32), "drift": np.zeros((2, step // 5, 3), np.float32)}
+        checkpoints.save(step, example_state(float(step)), history)
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["10", "15"]
     step, state, history = checkpoints.restore_latest(example_state(0.0))
-    assert step == 15 and history.shape == (2, 15)
+    assert step == 15 and history["loss"].shape == (2, 15) and history["drift"].shape == (2, 3, 3)
+    np.testing.assert_array_equal(history["loss"], 15.0)
     chex.assert_trees_all_equal(state.params, example_state(15.0).params)
     np.testing.assert_array_equal(jax.random.key_data(state.data_key), jax.random.key_data(example_state(0.0).data_key))
     assert checkpoints.due(10, 9) and not checkpoints.due(9, 6)
 
 
 def test_a_checkpoint_from_another_config_is_refused(tmp_path):
-    SweepCheckpoints(tmp_path / "c", {"lr": 1.0}).save(5, example_state(1.0), np.zeros((2, 5), np.float32))
+    SweepCheckpoints(tmp_path / "c", {"lr": 1.0}).save(5, example_state(1.0), {"loss": np.zeros((2, 5))})
     with pytest.raises(CheckpointError, match="another config"):
         SweepCheckpoints(tmp_path / "c", {"lr": 2.0}).restore_latest(example_state(0.0))
 

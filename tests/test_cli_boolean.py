@@ -32,7 +32,8 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
     assert config["model"]["dim"] == 16 and config["seeds"] == [0, 1] and config["environment"]["jax_version"]
     assert {"dim", "depth", "heads", "head_dim", "mlp_dim", "dtype"} <= set(config["model"])
     assert config["batch_size"] == 256 and config["steps"] == {"2parity": 10, "threesym": 10}
-    for png in ("accuracy.png", "attention_2parity.png", "attention_threesym.png"):
+    assert all(r["drift_steps"] == [0, 5, 10] and len(r["attention_drift"]) == 3 for r in records)
+    for png in ("accuracy.png", "attention_2parity.png", "attention_threesym.png", "drift_2parity.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "2parity mask step 10/10" in result.stderr
     assert "| threesym | mask_zero | 2 | 0 |" in result.stdout

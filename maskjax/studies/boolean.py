@@ -122,11 +122,44 @@ def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: i
     return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(n)
 
 
+def sown(model: GotuTransformer, variables: dict, x: jax.Array, name: str) -> jax.Array:
+    """What every block's attention sowed under `name` on the inputs x: [layers, batch, heads, tokens, tokens]."""
+    _, state = model.apply(variables, x, mutable=["intermediates"])
+    blocks = state["intermediates"]
+    return jnp.stack([blocks[f"block_{i}"]["attn"][name][0] for i in range(model.config.depth)])
+
+
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
     """Layer-0 attention on the inputs x: [batch, heads, tokens, tokens]."""
-    _, state = model.apply(variables, x, mutable=["intermediates"])
-    (weights_BHQK,) = state["intermediates"]["block_0"]["attn"]["attention"]
-    return weights_BHQK
+    return sown(model, variables, x, "attention")[0]
+
+
+def prior_logits(model: GotuTransformer, method: Method, variables: dict, x: jax.Array) -> jax.Array:
+    """The logits that carry the method's prior, per layer: log_sigmoid(M) [layers, heads, N, N] for mask
+    methods, the q.k logits on the inputs x [layers, batch, heads, N, N] for every other method."""
+    if method.mask_mode == "none":
+        return sown(model, variables, x, "qk_logits")
+    collection = "params" if method.mask_mode == "learnable" else "constants"
+    masks = [variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)]
+    return jax.nn.log_sigmoid(jnp.stack(masks))
+
+
+def drift_probe(model: GotuTransformer, method: Method, x: jax.Array) -> Callable:
+    """probe(initial, state) for `train`: per layer, the mean total-variation distance of the attention on x
+    from its initial value (`attention_drift`) and the mean absolute change of the prior's logits
+    (`prior_logit_drift`)."""
+
+    def probe(initial, state) -> dict[str, jax.Array]:
+        before = variables_of(initial.params, initial.constants)
+        after = variables_of(state.params, state.constants)
+        moved = sown(model, after, x, "attention") - sown(model, before, x, "attention")
+        logits_moved = prior_logits(model, method, after, x) - prior_logits(model, method, before, x)
+        return {
+            "attention_drift": 0.5 * jnp.abs(moved).sum(-1).mean(axis=(1, 2, 3)),
+            "prior_logit_drift": jnp.abs(logits_moved).reshape(model.config.depth, -1).mean(-1),
+        }
+
+    return probe
 
 
 def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
@@ -219,8 +252,9 @@ def run_batch(
     x_all = jnp.asarray(points, jnp.float32)
     target = oracle_target(task, config)
 
+    probe_x = x_all[:: max(1, x_all.shape[0] // 64)]
     started = time.time()
-    initial, final, history = train(
+    initial, final, history, drift, drift_steps = train(
         batch.init_run,
         batch.loss,
         batch.run_keys,
@@ -231,6 +265,7 @@ def run_batch(
         label=f"{task.name} {method.name}",
         checkpoints=checkpoints,
         resume=resume,
+        probe=drift_probe(model, method, probe_x),
     )
 
     @jax.jit
@@ -274,6 +309,8 @@ def run_batch(
                 **metrics,
                 "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
                 "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
+                "drift_steps": drift_steps,
+                **{name: np.round(values[i].astype(np.float64), 6).tolist() for name, values in drift.items()},
                 "diverged": diverged,
                 "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(train_config.steps),
