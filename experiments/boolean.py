@@ -35,7 +35,7 @@ MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim", "dtype")
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
-def add_config_flags(p: Parser, mask_values: bool = True) -> None:
+def add_config_flags(p: Parser, mask_values: bool = True, run_control: bool = True) -> None:
     """The flags that override a BooleanConfig preset; shared by every Boolean CLI."""
     p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
     p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
@@ -55,7 +55,8 @@ def add_config_flags(p: Parser, mask_values: bool = True) -> None:
     if mask_values:
         p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
         p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
-    add_run_control(p)
+    if run_control:
+        add_run_control(p)
 
 
 def parse_args(argv: list[str] | None):

@@ -103,3 +103,22 @@ def test_qk_priors_match_their_target_at_init_in_the_model(task_name):
         assert all(0.0 <= e <= 1.0 for e in errors[name])
     assert max(errors["qk_svd"]) <= 0.2 and max(errors["qk_opt"]) <= 0.2
     assert min(errors["vanilla"]) > 0.5 and min(errors["mimetic"]) > 0.4
+
+
+def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(cli, tmp_path):
+    import dataclasses
+
+    from maskjax.methods import get_method
+    from maskjax.studies import boolean as study
+    from maskjax.tasks.boolean import get_task
+
+    config = dataclasses.replace(study.get_preset("test"), steps=5)
+    task, method = get_task("2parity"), get_method("qk_svd")
+    records, _ = study.run_batch(task, method, [0, 1], config)
+    errors = study.init_pattern_errors(task, method, [0, 1], config)
+    assert errors == pytest.approx([r["pattern_error_init"] for r in records], abs=1e-6)
+    result = cli("experiments.qk_match", "--preset=test", "--seeds=1", "--tasks=2parity", f"--out={tmp_path / 'q'}")
+    assert result.returncode == 0, result.stderr
+    assert "| 2parity | mask | 1 | 0 |" in (tmp_path / "q" / "summary.md").read_text()
+    bad = cli("experiments.qk_match", "--preset=test", "--methods=nope", f"--out={tmp_path / 'r'}")
+    assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr

@@ -23,7 +23,7 @@ from maskjax.tasks.boolean import (
     minimum_degree_interpolator,
     scores,
 )
-from maskjax.train import TrainConfig, first_nonfinite_step, to_host, train
+from maskjax.train import TrainConfig, compile_program, first_nonfinite_step, shard_runs, to_host, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +252,7 @@ def run_batch(
     x_all = jnp.asarray(points, jnp.float32)
     target = oracle_target(task, config)
 
-    probe_x = x_all[:: max(1, x_all.shape[0] // 64)]
+    probe_x = pattern_inputs(x_all, 64)
     started = time.time()
     initial, final, history, drift, drift_steps = train(
         batch.init_run,
@@ -276,7 +276,7 @@ def run_batch(
     @jax.jit
     @jax.vmap
     def attention(params, constants):
-        return layer0_attention(model, variables_of(params, constants), x_all[:: max(1, x_all.shape[0] // 512)])
+        return layer0_attention(model, variables_of(params, constants), pattern_inputs(x_all))
 
     preds = to_host(evaluate(final.params, final.constants))
     attention_init = to_host(attention(initial.params, initial.constants))
@@ -320,6 +320,26 @@ def run_batch(
             }
         )
     return records, maps
+
+
+def pattern_inputs(x_all: jax.Array, count: int = 512) -> jax.Array:
+    """The evenly strided cube points on which attention patterns are compared."""
+    return x_all[:: max(1, x_all.shape[0] // count)]
+
+
+def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int], config: BooleanConfig) -> list[float]:
+    """Each seed's pattern_error_init without training: how well layer 0 matches the oracle target at init.
+
+    The runs are initialised exactly as `run_batch` initialises them, so the numbers are the same.
+    """
+    batch = make_batch(task, method, seeds, config)
+    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
+    initial = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
+    x = pattern_inputs(jnp.asarray(cube(task.n_bits), jnp.float32))
+    attention = jax.jit(jax.vmap(lambda p, c: layer0_attention(batch.model, variables_of(p, c), x)))
+    maps = to_host(attention(initial.params, initial.constants))[: len(seeds)]
+    target = oracle_target(task, config)
+    return [qk_priors.pattern_error(m, target) for m in maps]
 
 
 def mdi_record(task: BooleanTask) -> dict:
