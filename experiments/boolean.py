@@ -32,6 +32,7 @@ from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
 
 MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim", "dtype")
+GRADIENT_KEYS = ("grad_norm_mask", "grad_norm_qk")
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
@@ -134,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(checkpoints.directory, ignore_errors=True)
         if maps:
             plot_task(out, task, config, maps)
-            report.plot_drift([r for r in records if r.get("task") == task.name], out / f"drift_{task.name}.png")
+            task_records = [r for r in records if r.get("task") == task.name]
+            report.plot_drift(task_records, out / f"drift_{task.name}.png")
+            report.plot_drift(task_records, out / f"gradients_{task.name}.png", GRADIENT_KEYS, log=True)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")

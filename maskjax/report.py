@@ -154,9 +154,9 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
 DRIFT_KEYS = ("attention_drift", "prior_logit_drift")
 
 
-def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS) -> None:
+def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False) -> None:
     """Per drift key, one panel per layer: the mean over seeds against training step, per method, with the
-    seed range shaded. Records carry `drift_steps` and, per key, [steps][layers] values."""
+    seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per key, [steps][layers] values."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,6 +176,8 @@ def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_
                 ax.plot(steps, values.mean(0), label=method)
                 ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
             ax.set_title(f"layer {layer}", fontsize=9)
+            if log:
+                ax.set_yscale("symlog", linthresh=1e-8)
             ax.set_xlabel("step")
             ax.set_ylabel(key, fontsize=8)
     if layers:

@@ -113,5 +113,6 @@ def test_drift_is_probed_at_init_and_every_chunk_and_a_fixed_mask_never_moves():
         assert r["drift_steps"] == [0, 5, 10, 12]
         chex.assert_shape(np.asarray(r["attention_drift"]), (4, CONFIG.model.depth))
         assert r["attention_drift"][0] == [0.0] and r["attention_drift"][-1][0] > 0
-    assert all(step == [0.0] for step in fixed["prior_logit_drift"])
-    assert learned["prior_logit_drift"][-1][0] > 0
+    assert all(step == [0.0] for step in fixed["prior_logit_drift"] + fixed["grad_norm_mask"])
+    assert learned["prior_logit_drift"][-1][0] > 0 and learned["grad_norm_mask"][0][0] > 0
+    assert fixed["grad_norm_qk"][0][0] > 0

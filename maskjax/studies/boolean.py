@@ -144,19 +144,33 @@ def prior_logits(model: GotuTransformer, method: Method, variables: dict, x: jax
     return jax.nn.log_sigmoid(jnp.stack(masks))
 
 
-def drift_probe(model: GotuTransformer, method: Method, x: jax.Array) -> Callable:
-    """probe(initial, state) for `train`: per layer, the mean total-variation distance of the attention on x
-    from its initial value (`attention_drift`) and the mean absolute change of the prior's logits
-    (`prior_logit_drift`)."""
+def drift_probe(model: GotuTransformer, method: Method, x: jax.Array, batch: tuple[jax.Array, jax.Array]) -> Callable:
+    """probe(initial, state) for `train`, per layer: the mean total-variation distance of the attention on x
+    from its initial value (`attention_drift`), the mean absolute change of the prior's logits
+    (`prior_logit_drift`), and the gradient norms of the loss on one training batch reaching the mask
+    (`grad_norm_mask`, 0 without a learnable mask) and the query / key kernels (`grad_norm_qk`)."""
+    depth = model.config.depth
+
+    def gradient_norms(params, constants) -> tuple[jax.Array, jax.Array]:
+        grads = jax.grad(lambda p: jnp.mean((model.apply(variables_of(p, constants), batch[0]) - batch[1]) ** 2))(
+            params
+        )
+        attn = [grads[f"block_{i}"]["attn"] for i in range(depth)]
+        qk = jnp.stack([jnp.linalg.norm(a["qkv"]["kernel"][:, :2]) for a in attn])
+        mask = jnp.stack([jnp.linalg.norm(a["mask_logits"]) if "mask_logits" in a else 0.0 for a in attn])
+        return mask, qk
 
     def probe(initial, state) -> dict[str, jax.Array]:
         before = variables_of(initial.params, initial.constants)
         after = variables_of(state.params, state.constants)
         moved = sown(model, after, x, "attention") - sown(model, before, x, "attention")
         logits_moved = prior_logits(model, method, after, x) - prior_logits(model, method, before, x)
+        grad_mask, grad_qk = gradient_norms(state.params, state.constants)
         return {
             "attention_drift": 0.5 * jnp.abs(moved).sum(-1).mean(axis=(1, 2, 3)),
-            "prior_logit_drift": jnp.abs(logits_moved).reshape(model.config.depth, -1).mean(-1),
+            "prior_logit_drift": jnp.abs(logits_moved).reshape(depth, -1).mean(-1),
+            "grad_norm_mask": grad_mask,
+            "grad_norm_qk": grad_qk,
         }
 
     return probe
@@ -265,7 +279,7 @@ def run_batch(
         label=f"{task.name} {method.name}",
         checkpoints=checkpoints,
         resume=resume,
-        probe=drift_probe(model, method, probe_x),
+        probe=drift_probe(model, method, probe_x, jax.tree.map(lambda a: a[: config.batch_size], batch.data)),
     )
 
     @jax.jit
@@ -310,7 +324,7 @@ def run_batch(
                 "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
                 "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
                 "drift_steps": drift_steps,
-                **{name: np.round(values[i].astype(np.float64), 6).tolist() for name, values in drift.items()},
+                **{name: [[float(f"{v:.6g}") for v in step] for step in values[i]] for name, values in drift.items()},
                 "diverged": diverged,
                 "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(train_config.steps),
