@@ -126,6 +126,7 @@ class MaskedSelfAttention(nn.Module):
     Attention weights and the unbiased q.k logits are sown into `intermediates/attention` and
     `intermediates/qk_logits` when that collection is mutable.
     dtype: of the projections (e.g. bfloat16 on accelerators); logits, bias and softmax are at least float32.
+    qk_norm: LayerNorm over head_dim on queries and keys (QK-LayerNorm), which bounds the q.k logits.
     """
 
     heads: int
@@ -136,6 +137,7 @@ class MaskedSelfAttention(nn.Module):
     out_features: int | None = None
     kernel_init: Callable = torch_linear_init
     dtype: jnp.dtype | str | None = None
+    qk_norm: bool = False
 
     @nn.compact
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
@@ -144,6 +146,9 @@ class MaskedSelfAttention(nn.Module):
             (3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, dtype=self.dtype, name="qkv"
         )(x_BLD)
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        if self.qk_norm:
+            q = nn.LayerNorm(epsilon=1e-5, name="q_norm")(q)
+            k = nn.LayerNorm(epsilon=1e-5, name="k_norm")(k)
         logits_BHQK = qk_logits(q, k)
         self.sow("intermediates", "qk_logits", logits_BHQK)
         weights = biased_softmax(logits_BHQK, self.mask_logits(length), self.mask_scale)

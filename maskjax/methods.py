@@ -19,13 +19,15 @@ class Method:
     values, "zero" an all-zero M (log_sigmoid(0) = -log 2 everywhere: the same as no mask),
     "misspecified" the pattern moved onto bits that do not interact, "random" as many open
     entries placed at random, drawn per seed.
-    qk_init names the Q/K initialisation ("default" for the framework's own).
+    qk_init names the Q/K initialisation ("default" for the framework's own); qk_norm adds a LayerNorm
+    on queries and keys (QK-LayerNorm) in every block.
     """
 
     name: str
     mask_mode: MaskMode = "none"
     mask_pattern: str = "none"
     qk_init: str = "default"
+    qk_norm: bool = False
     description: str = ""
 
 
@@ -56,3 +58,5 @@ register(Method("mask_misspecified", "learnable", "misspecified", description="t
 register(
     Method("mask_random", "learnable", "random", description="a random pattern of the oracle's sparsity, per seed")
 )
+register(Method("qk_svd_qknorm", qk_init="svd", qk_norm=True, description="qk_svd with LayerNorm on queries and keys"))
+register(Method("qk_opt_qknorm", qk_init="opt", qk_norm=True, description="qk_opt with LayerNorm on queries and keys"))

@@ -149,3 +149,24 @@ def test_module_in_bfloat16_keeps_float32_parameters_and_output():
     out = half.apply(variables, x)
     assert out.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(out), np.asarray(full.apply(variables, x)), atol=5e-2)
+
+
+def test_qk_norm_applies_layer_norm_to_queries_and_keys():
+    x = jax.random.normal(jax.random.key(0), (2, 5, 8))
+    layer = MaskedSelfAttention(2, 4, qk_norm=True)
+    variables = layer.init(jax.random.key(1), x)
+    assert set(variables["params"]) == {"qkv", "out", "q_norm", "k_norm"}
+    _, sown = layer.apply(variables, x, mutable=["intermediates"])
+    (logits,) = sown["intermediates"]["qk_logits"]
+    kernel = np.asarray(variables["params"]["qkv"]["kernel"], np.float64)
+    q, k = (np.einsum("bld,dhe->blhe", np.asarray(x, np.float64), kernel[:, i]) for i in (0, 1))
+    q, k = (numpy_layer_norm(a) for a in (q, k))
+    expected = np.einsum("bqhe,bkhe->bhqk", q, k) / 2.0
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
+    scaled = jax.tree.map(lambda a: a, variables)
+    scaled["params"]["qkv"]["kernel"] = variables["params"]["qkv"]["kernel"].at[:, 0].multiply(10.0)
+    np.testing.assert_allclose(layer.apply(scaled, x), layer.apply(variables, x), rtol=1e-4, atol=1e-4)
+
+
+def numpy_layer_norm(a):
+    return (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)

@@ -98,9 +98,10 @@ def test_eight_fake_devices_give_the_same_results_as_one(cli, tmp_path, monkeypa
 
 def test_qk_prior_methods_run_from_the_cli(cli, tmp_path):
     out = tmp_path / "qk"
-    result = cli("experiments.boolean", "--preset=test", "--seeds=1", "--methods=qk_svd,qk_opt,mimetic", f"--out={out}")
+    methods = "--methods=qk_svd,qk_opt,mimetic,qk_opt_qknorm"
+    result = cli("experiments.boolean", "--preset=test", "--seeds=1", methods, f"--out={out}")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    assert [r["method"] for r in records] == ["qk_svd", "qk_opt", "mimetic"]
+    assert [r["method"] for r in records] == ["qk_svd", "qk_opt", "mimetic", "qk_opt_qknorm"]
     for r in records:
         assert 0.0 <= r["pattern_error_init"] <= 1.0 and 0.0 <= r["pattern_drift"] <= 1.0

@@ -36,13 +36,20 @@ class Block(nn.Module):
     config: ModelConfig
     mask_mode: MaskMode
     mask_init: MaskInit | jax.Array | np.ndarray | None
+    qk_norm: bool = False
 
     @nn.compact
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
         c = self.config
         h = nn.LayerNorm(epsilon=1e-5, name="attn_norm")(x_BLD)
         x_BLD = x_BLD + MaskedSelfAttention(
-            c.heads, c.head_dim, mask_mode=self.mask_mode, mask_init=self.mask_init, dtype=c.dtype, name="attn"
+            c.heads,
+            c.head_dim,
+            mask_mode=self.mask_mode,
+            mask_init=self.mask_init,
+            dtype=c.dtype,
+            qk_norm=self.qk_norm,
+            name="attn",
         )(h)
         h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)
         h = _torch_dense(c.mlp_dim, c.dim, "mlp_in", c.dtype)(h)
@@ -54,13 +61,15 @@ class GotuTransformer(nn.Module):
     """Maps x in {-1,+1}^[batch, n_bits] to a real prediction [batch].
 
     Tokens are [CLS, x_0, ..., x_{n-1}], so a mask over them is (n_bits+1) x (n_bits+1) with CLS at 0.
-    mask_init broadcasts to [heads, n_bits+1, n_bits+1] and is shared by every layer.
+    mask_init broadcasts to [heads, n_bits+1, n_bits+1] and is shared by every layer. qk_norm puts a
+    LayerNorm on every block's queries and keys.
     """
 
     n_bits: int
     config: ModelConfig = ModelConfig()
     mask_mode: MaskMode = "none"
     mask_init: MaskInit | jax.Array | np.ndarray | None = None
+    qk_norm: bool = False
 
     @nn.compact
     def __call__(self, x_BN: jax.Array) -> jax.Array:
@@ -72,6 +81,6 @@ class GotuTransformer(nn.Module):
         h = jnp.concatenate([jnp.broadcast_to(cls, (*h.shape[:-2], 1, c.dim)), h], axis=-2)
         h = h + self.param("pos_embed", normal, (self.n_bits + 1, c.dim))
         for layer in range(c.depth):
-            h = Block(c, self.mask_mode, self.mask_init, name=f"block_{layer}")(h)
+            h = Block(c, self.mask_mode, self.mask_init, self.qk_norm, name=f"block_{layer}")(h)
         out = nn.LayerNorm(epsilon=1e-5, name="head_norm")(h[..., 0, :])
         return _torch_dense(1, c.dim, "head")(out)[..., 0]

@@ -109,7 +109,7 @@ def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
 
 
 def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_init=None) -> GotuTransformer:
-    return GotuTransformer(task.n_bits, config.model, method.mask_mode, mask_init)
+    return GotuTransformer(task.n_bits, config.model, method.mask_mode, mask_init, method.qk_norm)
 
 
 def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: int) -> jax.Array:
