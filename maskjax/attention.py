@@ -46,23 +46,35 @@ def qk_logits(q: jax.Array, k: jax.Array) -> jax.Array:
 
 
 def attention_weights(
-    q: jax.Array, k: jax.Array, mask_logits: jax.Array | None = None, *, mask_scale: float | jax.Array = 1.0
+    q: jax.Array,
+    k: jax.Array,
+    mask_logits: jax.Array | None = None,
+    *,
+    mask_scale: float | jax.Array = 1.0,
+    causal: bool = False,
 ) -> jax.Array:
     """Attention probabilities [batch..., heads, q_len, kv_len] for q, k in [batch..., length, heads, head_dim].
 
     Computed in at least float32, so bfloat16 projections keep a float32 softmax.
     """
-    return biased_softmax(qk_logits(q, k), mask_logits, mask_scale)
+    return biased_softmax(qk_logits(q, k), mask_logits, mask_scale, causal)
 
 
 def biased_softmax(
-    logits_BHQK: jax.Array, mask_logits: jax.Array | None, mask_scale: float | jax.Array = 1.0
+    logits_BHQK: jax.Array, mask_logits: jax.Array | None, mask_scale: float | jax.Array = 1.0, causal: bool = False
 ) -> jax.Array:
-    """softmax(logits + log_sigmoid(mask_scale * mask_logits)) over the keys; plain softmax without a mask."""
+    """softmax(logits + log_sigmoid(mask_scale * mask_logits)) over the keys; plain softmax without a mask.
+
+    causal: keys after the query get probability exactly 0 (a hard mask the learnable bias sits on top of).
+    """
     if mask_logits is not None:
         check_mask_logits(mask_logits, *logits_BHQK.shape[-3:])
         dtype = logits_BHQK.dtype
         logits_BHQK = logits_BHQK + jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
+    if causal:
+        q_len, kv_len = logits_BHQK.shape[-2:]
+        visible = jnp.tril(jnp.ones((q_len, kv_len), bool), kv_len - q_len)
+        return jax.nn.softmax(logits_BHQK, axis=-1, where=visible)
     return jax.nn.softmax(logits_BHQK, axis=-1)
 
 
@@ -73,15 +85,17 @@ def masked_attention(
     mask_logits: jax.Array | None = None,
     *,
     mask_scale: float | jax.Array = 1.0,
+    causal: bool = False,
 ) -> jax.Array:
     """softmax(q.k / sqrt(head_dim) + log_sigmoid(mask_scale * mask_logits)) @ v.
 
     q, k, v: [batch..., length, heads, head_dim] (Flax layout). mask_logits broadcasts to
     [heads, q_len, kv_len]; None gives plain attention. log_sigmoid <= 0, so the bias can only
-    close entries; a row with every entry closed is uniform again after softmax.
+    close entries; a row with every entry closed is uniform again after softmax. causal adds a hard
+    causal mask (keys after the query never seen).
     Returns [batch..., q_len, heads, head_dim] in q's dtype.
     """
-    weights_BHQK = attention_weights(q, k, mask_logits, mask_scale=mask_scale)
+    weights_BHQK = attention_weights(q, k, mask_logits, mask_scale=mask_scale, causal=causal)
     return attend(weights_BHQK, v).astype(q.dtype)
 
 
@@ -127,6 +141,7 @@ class MaskedSelfAttention(nn.Module):
     `intermediates/qk_logits` when that collection is mutable.
     dtype: of the projections (e.g. bfloat16 on accelerators); logits, bias and softmax are at least float32.
     qk_norm: LayerNorm over head_dim on queries and keys (QK-LayerNorm), which bounds the q.k logits.
+    causal: a hard causal mask under the bias.
     """
 
     heads: int
@@ -138,6 +153,7 @@ class MaskedSelfAttention(nn.Module):
     kernel_init: Callable = torch_linear_init
     dtype: jnp.dtype | str | None = None
     qk_norm: bool = False
+    causal: bool = False
 
     @nn.compact
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
@@ -151,7 +167,7 @@ class MaskedSelfAttention(nn.Module):
             k = nn.LayerNorm(epsilon=1e-5, name="k_norm")(k)
         logits_BHQK = qk_logits(q, k)
         self.sow("intermediates", "qk_logits", logits_BHQK)
-        weights = biased_softmax(logits_BHQK, self.mask_logits(length), self.mask_scale)
+        weights = biased_softmax(logits_BHQK, self.mask_logits(length), self.mask_scale, self.causal)
         self.sow("intermediates", "attention", weights)
         out = attend(weights, v).astype(x_BLD.dtype)
         return nn.DenseGeneral(

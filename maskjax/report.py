@@ -103,20 +103,25 @@ def mean_std(values: Sequence[float], scale: float = 1.0, digits: str = ".4g") -
     return f"{v.mean():{digits}} +- {v.std(ddof=1):{std_digits}}"
 
 
+def is_accuracy(key: str) -> bool:
+    return key.startswith("acc") or key.endswith("_acc")
+
+
 def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequence[str]) -> str:
     """A markdown table: one row per group, mean +- std (sample std over seeds) of each key.
 
-    Keys starting with 'acc' are shown in percent. Diverged runs are counted, not averaged.
+    Accuracies (keys starting with 'acc' or ending in '_acc') are shown in percent. Diverged runs are
+    counted, not averaged.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault(tuple(r[g] for g in group_by), []).append(r)
-    header = [*group_by, "seeds", "diverged", *[f"{k} (%)" if k.startswith("acc") else k for k in keys]]
+    header = [*group_by, "seeds", "diverged", *[f"{k} (%)" if is_accuracy(k) else k for k in keys]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group, rows in groups.items():
         seeded = [r for r in rows if "seed" in r]
         counts = [str(len(seeded)), str(sum(bool(r.get("diverged")) for r in seeded))] if seeded else ["-", "-"]
-        cells = [mean_std([r.get(k) for r in rows], *((100.0, ".2f") if k.startswith("acc") else ())) for k in keys]
+        cells = [mean_std([r.get(k) for r in rows], *((100.0, ".2f") if is_accuracy(k) else ())) for k in keys]
         lines.append("| " + " | ".join([*map(str, group), *counts, *cells]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -147,6 +152,33 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
         ax.set_title(task)
         ax.set_ylabel(f"{key} (%)")
     axes[0][0].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: str, line: str) -> None:
+    """y (in percent) against x on a log axis, one panel per value of `panel`, one line per value of `line`:
+    the mean over seeds, every seed as a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(dict.fromkeys(r[panel] for r in records))
+    lines = list(dict.fromkeys(r[line] for r in records))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], panels, strict=True):
+        for label in lines:
+            rows = [r for r in records if r[panel] == name and r[line] == label and r[y] is not None]
+            xs = sorted({r[x] for r in rows})
+            means = [100 * np.mean([r[y] for r in rows if r[x] == v]) for v in xs]
+            (drawn,) = ax.plot(xs, means, marker="o", label=str(label))
+            ax.scatter([r[x] for r in rows], [100 * r[y] for r in rows], s=8, alpha=0.4, color=drawn.get_color())
+        ax.set_xscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{y} (%)")
+        ax.set_title(str(name))
+    axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     _save(fig, path)
 

@@ -27,11 +27,16 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
+    """optimizer: "adam_l2" (Adam with L2 decay added to the gradient, torch's Adam(weight_decay)) or
+    "adamw" (decoupled decay); schedule: "constant" or "cosine" (decay to 0 over `steps`)."""
+
     steps: int
     batch_size: int = 256
     learning_rate: float = 1e-5
     weight_decay: float = 1e-3
     chunk_steps: int = 200
+    optimizer: str = "adam_l2"
+    schedule: str = "constant"
 
 
 class RunState(NamedTuple):
@@ -43,9 +48,24 @@ class RunState(NamedTuple):
     data_key: jax.Array
 
 
+def variables_of(params: PyTree, constants: PyTree) -> dict:
+    """A run's Flax variables from its params and (possibly empty) constants."""
+    return {"params": params, "constants": constants} if constants else {"params": params}
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """Adam with L2 weight decay added to the gradient, as torch.optim.Adam(weight_decay=...) does."""
-    return optax.chain(optax.add_decayed_weights(config.weight_decay), optax.adam(config.learning_rate))
+    """The config's optimizer and learning-rate schedule."""
+    if config.schedule == "constant":
+        rate = config.learning_rate
+    elif config.schedule == "cosine":
+        rate = optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
+    else:
+        raise ValueError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+    if config.optimizer == "adam_l2":
+        return optax.chain(optax.add_decayed_weights(config.weight_decay), optax.adam(rate))
+    if config.optimizer == "adamw":
+        return optax.adamw(rate, weight_decay=config.weight_decay)
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; expected 'adam_l2' or 'adamw'")
 
 
 def epoch_orders(data_key: jax.Array, first_epoch: jax.Array, n_epochs: int, n_train: int) -> jax.Array:
@@ -72,8 +92,13 @@ class Program(NamedTuple):
     step: Callable
 
 
-def compile_program(init_run: InitRun, loss: Loss, n_train: int, config: TrainConfig) -> Program:
-    """vmap the one-run functions over the runs axis and jit them; the state is donated to each chunk."""
+def compile_program(
+    init_run: InitRun, loss: Loss, n_train: int, config: TrainConfig, data_per_run: bool = False
+) -> Program:
+    """vmap the one-run functions over the runs axis and jit them; the state is donated to each chunk.
+
+    data_per_run: the data carries the runs axis too (each run its own training set, all of size n_train).
+    """
     if n_train < config.batch_size:
         raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
     optimizer = make_optimizer(config)
@@ -101,14 +126,16 @@ def compile_program(init_run: InitRun, loss: Loss, n_train: int, config: TrainCo
 
         return jax.lax.scan(body, state, start + jnp.arange(n_steps))
 
+    data_axis = 0 if data_per_run else None
+
     def single_step(state: RunState, data: PyTree, step: jax.Array) -> tuple[RunState, jax.Array]:
         order = epoch_orders(state.data_key, step // steps_per_epoch, 1, n_train)[0]
         return step_one(state, step, order, data)
 
     return Program(
         init=jax.jit(jax.vmap(init_one)),
-        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, None, None, None)), static_argnums=3, donate_argnums=0),
-        step=jax.jit(jax.vmap(single_step, in_axes=(0, None, None))),
+        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, data_axis, None, None)), static_argnums=3, donate_argnums=0),
+        step=jax.jit(jax.vmap(single_step, in_axes=(0, data_axis, None))),
     )
 
 
@@ -138,17 +165,22 @@ def train(
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
     probe: Probe | None = None,
+    data_per_run: bool = False,
 ) -> Trained:
     """Train every run of a batch.
 
     init_run(key, *inputs) -> (params, constants) for one run; loss(params, constants, batch) -> scalar.
-    run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs.
+    run_keys [runs] and every array of run_inputs carry the runs axis; data is shared by all runs, or
+    with data_per_run carries the runs axis as well.
     probe(initial, state) -> {name: array} for one run is measured at init and after every chunk
     (e.g. how far the attention has drifted). checkpoints saves the batch at chunk ends when due; with
     resume, training continues from its newest readable checkpoint. Checkpoints fall on chunk
     boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
-    program = compile_program(init_run, loss, jax.tree.leaves(data)[0].shape[0], config)
+    n_train = jax.tree.leaves(data)[0].shape[1 if data_per_run else 0]
+    program = compile_program(init_run, loss, n_train, config, data_per_run)
+    if data_per_run:
+        data = shard_runs(data)
     measure = jax.jit(jax.vmap(probe)) if probe is not None else None
     n_runs = len(run_keys)
     initial = program.init(*shard_runs((run_keys, *run_inputs)))

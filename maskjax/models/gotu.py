@@ -33,10 +33,13 @@ def _torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") 
 
 
 class Block(nn.Module):
+    """Pre-LayerNorm block: masked self-attention, then a GELU MLP, each added to the residual stream."""
+
     config: ModelConfig
     mask_mode: MaskMode
     mask_init: MaskInit | jax.Array | np.ndarray | None
     qk_norm: bool = False
+    causal: bool = False
 
     @nn.compact
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
@@ -49,6 +52,7 @@ class Block(nn.Module):
             mask_init=self.mask_init,
             dtype=c.dtype,
             qk_norm=self.qk_norm,
+            causal=self.causal,
             name="attn",
         )(h)
         h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)

@@ -23,7 +23,15 @@ from maskjax.tasks.boolean import (
     minimum_degree_interpolator,
     scores,
 )
-from maskjax.train import TrainConfig, compile_program, first_nonfinite_step, shard_runs, to_host, train
+from maskjax.train import (
+    TrainConfig,
+    compile_program,
+    first_nonfinite_step,
+    shard_runs,
+    to_host,
+    train,
+    variables_of,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,10 +246,6 @@ def make_batch(
         return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
     return Batch(model, init_run, loss, run_keys, run_masks, values, data, config.train_config(task))
-
-
-def variables_of(params, constants) -> dict:
-    return {"params": params, "constants": constants} if constants else {"params": params}
 
 
 def run_batch(

@@ -1,0 +1,136 @@
+"""Low-data arithmetic study: python -m experiments.arithmetic --seeds=8 --ops=add,mul --train-fractions=0.004,0.01,0.03
+
+Every (op, training fraction, method) trains all its seeds as one vmapped batch, each seed on its own
+random training subset, and is scored by greedy decoding on held-out pairs (exact-match sequence
+accuracy and per-digit accuracy). Writes results.jsonl, summary.md, config.json and
+seq_acc.png to --out; results are rewritten atomically after every batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from experiments.cli import (
+    Parser,
+    add_run_control,
+    batch_checkpoints,
+    name_list,
+    positive_float,
+    positive_int,
+    prepare_out,
+    progress,
+    run_main,
+)
+from maskjax import report
+from maskjax.methods import METHODS
+from maskjax.studies import arithmetic as study
+from maskjax.tasks.arithmetic import FORMATS, OPS
+
+KEYS = ("seq_acc", "token_acc", "train_loss")
+GROUPS = ("op", "train_fraction", "method")
+
+
+def fraction_list(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in name_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
+    bad = [v for v in values if not 0.0 < v < 1.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"training fractions must lie in (0, 1), got {bad[0]:g}")
+    return values
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.arithmetic", description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
+    p.add_argument("--ops", type=name_list, default=["add", "mul"], help=f"comma list of {','.join(OPS)}")
+    p.add_argument(
+        "--train-fractions",
+        type=fraction_list,
+        default=[0.004, 0.01, 0.03],
+        help="training fractions in (0, 1) (default 0.004,0.01,0.03)",
+    )
+    p.add_argument(
+        "--methods",
+        type=name_list,
+        default=["vanilla", "mask"],
+        help=f"comma list of {','.join(METHODS)} (default vanilla,mask)",
+    )
+    p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
+    p.add_argument("--eval-size", type=positive_int, help="held-out pairs scored per seed (preset: 4096 quick)")
+    p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
+    p.add_argument("--epochs", type=positive_int, help="epochs over each training subset (preset: 50)")
+    p.add_argument("--learning-rate", type=positive_float, help="AdamW peak learning rate (preset: 1e-3)")
+    p.add_argument("--answer-format", choices=FORMATS, help="answer digit order (default reversed: units first)")
+    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +5)")
+    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -5)")
+    p.add_argument(
+        "--out", type=Path, default=Path("results/arithmetic"), help="output folder (default results/arithmetic)"
+    )
+    add_run_control(p)
+    return p.parse_args(argv)
+
+
+def resolve_config(args) -> study.ArithmeticConfig:
+    config = study.get_preset(args.preset)
+    fields = ("eval_size", "steps", "epochs", "learning_rate", "answer_format", "open_value", "closed_value")
+    return dataclasses.replace(config, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = resolve_config(args)
+    tasks, methods = study.resolve(args.ops, args.methods, config.answer_format)
+    seeds = list(range(args.seeds))
+    resolved = {
+        "study": "arithmetic",
+        "ops": args.ops,
+        "train_fractions": args.train_fractions,
+        "methods": args.methods,
+        "seeds": seeds,
+        **dataclasses.asdict(config),
+    }
+    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
+    out = args.out
+    env = report.environment()
+    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
+    meta = {"config": resolved, **env}
+    for task in tasks:
+        for fraction in args.train_fractions:
+            for method in methods:
+                done = [
+                    r
+                    for r in records
+                    if (r["op"], r["train_fraction"], r["method"]) == (task.op, fraction, method.name)
+                ]
+                if len(done) == len(seeds):
+                    progress(f"{task.op} {fraction:g} {method.name}: already in {out / 'results.jsonl'}, skipped")
+                    continue
+                name = f"{task.op}_{fraction:g}_{method.name}"
+                checkpoints = batch_checkpoints(out, name, {"config": resolved, "batch": name}, args)
+                batch = study.run_batch(task, method, fraction, seeds, config, progress, checkpoints, args.resume)
+                records += [{**r, **meta} for r in batch]
+                write_outputs(out, records)
+                shutil.rmtree(checkpoints.directory, ignore_errors=True)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
+    print(write_outputs(out, records), end="")
+    print(f"results in {out}/ (results.jsonl, summary.md, config.json, seq_acc.png)", file=sys.stderr)
+    return 0
+
+
+def write_outputs(out: Path, records: list[dict]) -> str:
+    report.write_jsonl(out / "results.jsonl", records)
+    table = report.summary_table(records, KEYS, GROUPS)
+    report.write_atomic(out / "summary.md", "# Low-data arithmetic study\n\n" + table)
+    return table
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

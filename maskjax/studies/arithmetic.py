@@ -1,0 +1,217 @@
+"""The low-data arithmetic study: one (op, training fraction, method) is one vmapped batch over its seeds.
+
+Every seed draws its own training subset (`tasks.arithmetic.split`), so the data carries the runs
+axis; runs with different fractions have training sets of different sizes and are separate batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maskjax import priors, qk_priors
+from maskjax.checkpoint import SweepCheckpoints
+from maskjax.methods import Method, get_method
+from maskjax.models.causal import CausalTransformer
+from maskjax.models.gotu import ModelConfig
+from maskjax.tasks import arithmetic as ar
+from maskjax.train import TrainConfig, first_nonfinite_step, to_host, train, variables_of
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticConfig:
+    """epochs over each run's training subset set the steps unless `steps` overrides them."""
+
+    preset: str
+    model: ModelConfig
+    learning_rate: float = 1e-3
+    weight_decay: float = 1e-3
+    batch_size: int = 256
+    epochs: int = 50
+    steps: int | None = None
+    open_value: float = 5.0
+    closed_value: float = -5.0
+    answer_format: str = "reversed"
+    eval_size: int = 10_000
+    chunk_steps: int = 200
+    qk_opt_steps: int = 10_000
+
+    def train_config(self, n_train: int) -> TrainConfig:
+        batch = min(self.batch_size, n_train)
+        steps = self.steps if self.steps is not None else self.epochs * (n_train // batch)
+        return TrainConfig(
+            steps, batch, self.learning_rate, self.weight_decay, self.chunk_steps, optimizer="adamw", schedule="cosine"
+        )
+
+
+PRESETS: dict[str, ArithmeticConfig] = {
+    "paper": ArithmeticConfig("paper", ModelConfig(dim=256, depth=6, heads=4, head_dim=64, mlp_dim=256)),
+    # Width / 4, depth / 3, the paper's optimizer, schedule, batch and epochs: minutes per batch on a CPU.
+    "quick": ArithmeticConfig("quick", ModelConfig(dim=64, depth=2, heads=4, head_dim=16, mlp_dim=64), eval_size=4096),
+    "test": ArithmeticConfig(
+        "test",
+        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        steps=10,
+        chunk_steps=5,
+        eval_size=64,
+        qk_opt_steps=20,
+    ),
+}
+
+
+def get_preset(name: str) -> ArithmeticConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
+def check_method(method: Method) -> None:
+    """Only the oracle (place-value) and zero masks have a meaning here."""
+    if method.mask_pattern not in ("none", "oracle", "zero"):
+        raise ValueError(f"method {method.name!r} ({method.mask_pattern} mask) is not defined for arithmetic")
+
+
+def mask_logits(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig) -> np.ndarray:
+    """The method's initial M [length, length] (zeros for the zero mask; unused without a mask)."""
+    if method.mask_pattern == "zero":
+        return np.zeros((task.length, task.length), np.float32)
+    return np.asarray(priors.mask_logits(ar.place_value_pattern(task), config.open_value, config.closed_value))
+
+
+def make_model(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig, mask_init=None) -> CausalTransformer:
+    return CausalTransformer(ar.VOCAB, task.length, config.model, method.mask_mode, mask_init, method.qk_norm)
+
+
+def answer_loss(logits_BLV: jax.Array, tokens_BL: jax.Array) -> jax.Array:
+    """Cross-entropy of the answer tokens, each predicted from the position before it."""
+    predicted = logits_BLV[:, ar.PROMPT - 1 : -1]
+    return optax.softmax_cross_entropy_with_integer_labels(predicted, tokens_BL[:, ar.PROMPT :]).mean()
+
+
+def greedy_answers(model: CausalTransformer, variables: dict, tokens_BL: jax.Array, answer_digits: int) -> jax.Array:
+    """Decode the answer digits one at a time from the prompt alone: [batch, answer_digits]."""
+    buffer = jnp.asarray(tokens_BL).at[:, ar.PROMPT :].set(0)
+
+    def write(buffer: jax.Array, offset: jax.Array) -> tuple[jax.Array, None]:
+        logits = model.apply(variables, buffer)[:, ar.PROMPT - 1 + offset, : ar.DIGITS]
+        return jax.lax.dynamic_update_slice(
+            buffer, jnp.argmax(logits, -1)[:, None].astype(buffer.dtype), (0, ar.PROMPT + offset)
+        ), None
+
+    buffer, _ = jax.lax.scan(write, buffer, jnp.arange(answer_digits))
+    return buffer[:, ar.PROMPT :]
+
+
+def run_data(task: ar.ArithmeticTask, fraction: float, seed: int, eval_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training sequences, evaluation sequences) of one seed: its training subset, and `eval_size` of its
+    held-out pairs drawn with the same seed (all of them when eval_size covers them)."""
+    a, b = ar.operands()
+    train_idx, held_idx = ar.split(fraction, seed)
+    pick = np.random.default_rng([seed, 1]).permutation(held_idx)[:eval_size]
+    return ar.sequences(task, a[train_idx], b[train_idx]), ar.sequences(task, a[pick], b[pick])
+
+
+def run_batch(
+    task: ar.ArithmeticTask,
+    method: Method,
+    fraction: float,
+    seeds: Sequence[int],
+    config: ArithmeticConfig,
+    log: Callable[[str], None] | None = None,
+    checkpoints: SweepCheckpoints | None = None,
+    resume: bool = False,
+) -> list[dict]:
+    """Train (op, fraction, method) for every seed as one vmapped batch; one record per seed."""
+    check_method(method)
+    per_seed = [run_data(task, fraction, seed, config.eval_size) for seed in seeds]
+    train_BNL = jnp.asarray(np.stack([d[0] for d in per_seed]))
+    eval_BNL = jnp.asarray(np.stack([d[1] for d in per_seed]))
+    n_train = train_BNL.shape[1]
+    train_config = config.train_config(n_train)
+    model = make_model(task, method, config)
+    prior = mask_logits(task, method, config)
+    open_HNN = jnp.broadcast_to(
+        jnp.asarray(ar.place_value_pattern(task), jnp.float32), (config.model.heads, *prior.shape)
+    )
+    target_HNN = jnp.broadcast_to(jnp.asarray(priors.row_distribution(prior), jnp.float32), open_HNN.shape)
+
+    def init_run(key: jax.Array):
+        variables = make_model(task, method, config, prior).init(key, train_BNL[0, :1])
+        params = qk_priors.with_qk_prior(
+            variables["params"],
+            jax.random.fold_in(key, 1),
+            method.qk_init,
+            open_HNN,
+            target_HNN,
+            opt_steps=config.qk_opt_steps,
+        )
+        return params, variables.get("constants", {})
+
+    def loss(params, constants, tokens_BL):
+        return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
+
+    started = time.time()
+    _, final, history, _, _ = train(
+        init_run,
+        loss,
+        jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32)),
+        (),
+        train_BNL,
+        train_config,
+        log,
+        label=f"{task.op} {fraction:g} {method.name}",
+        checkpoints=checkpoints,
+        resume=resume,
+        data_per_run=True,
+    )
+
+    @jax.jit
+    @jax.vmap
+    def decode(params, constants, tokens_BL):
+        return greedy_answers(model, variables_of(params, constants), tokens_BL, task.answer_digits)
+
+    answers = to_host(decode(final.params, final.constants, eval_BNL))
+    truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
+    seconds = time.time() - started
+    diverged_at = first_nonfinite_step(history)
+    records = []
+    for i, seed in enumerate(seeds):
+        correct = answers[i] == truth[i]
+        diverged = bool(diverged_at[i])
+        records.append(
+            {
+                "op": task.op,
+                "answer_format": task.answer_format,
+                "train_fraction": fraction,
+                "method": method.name,
+                "seed": int(seed),
+                "seq_acc": None if diverged else float(correct.all(axis=1).mean()),
+                "token_acc": None if diverged else float(correct.mean()),
+                "train_loss": None if diverged else float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
+                "diverged": diverged,
+                "diverged_at_step": int(diverged_at[i]) or None,
+                "n_train": int(n_train),
+                "eval_size": int(truth.shape[1]),
+                "steps": int(train_config.steps),
+                "runs_in_batch": len(seeds),
+                "batch_seconds": round(seconds, 2),
+            }
+        )
+    return records
+
+
+def resolve(
+    ops: Sequence[str], methods: Sequence[str], answer_format: str
+) -> tuple[list[ar.ArithmeticTask], list[Method]]:
+    """Tasks and methods by name; anything that cannot be built fails here, before any training."""
+    tasks = [ar.ArithmeticTask(op, answer_format) for op in ops]
+    resolved = [get_method(m) for m in methods]
+    for method in resolved:
+        check_method(method)
+    return tasks, resolved

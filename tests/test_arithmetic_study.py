@@ -1,0 +1,77 @@
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from maskjax.methods import get_method
+from maskjax.studies import arithmetic as study
+from maskjax.tasks.arithmetic import ArithmeticTask
+
+
+def test_a_seed_in_a_batch_equals_the_seed_alone_and_seeds_differ():
+    task, config = ArithmeticTask("add"), study.get_preset("test")
+    batch = study.run_batch(task, get_method("mask"), 0.004, [0, 1, 2], config)
+    alone = study.run_batch(task, get_method("mask"), 0.004, [2], config)
+    for key in ("seq_acc", "token_acc", "train_loss"):
+        assert alone[0][key] == pytest.approx(batch[2][key], rel=1e-4, abs=1e-6), key
+    assert batch[0]["train_loss"] != batch[1]["train_loss"]
+    assert batch[2]["runs_in_batch"] == 3 and batch[2]["n_train"] == 4000 and batch[2]["eval_size"] == 64
+
+
+def test_greedy_decoding_reads_the_prompt_only():
+    task, config = ArithmeticTask("mul"), study.get_preset("test")
+    model = study.make_model(task, get_method("vanilla"), config)
+    train, held = study.run_data(task, 0.004, 0, 8)
+    variables = model.init(jax.random.key(0), train[:1])
+    answers = np.asarray(study.greedy_answers(model, variables, held, task.answer_digits))
+    scrambled = held.copy()
+    scrambled[:, 8:] = 7
+    np.testing.assert_array_equal(np.asarray(study.greedy_answers(model, variables, scrambled, 6)), answers)
+    assert answers.shape == (8, 6) and answers.max() <= 9
+
+
+def test_placebo_masks_are_refused_for_arithmetic():
+    with pytest.raises(ValueError, match="not defined for arithmetic"):
+        study.resolve(["add"], ["mask_random"], "reversed")
+
+
+def test_arithmetic_cli_end_to_end(cli, tmp_path):
+    out = tmp_path / "a"
+    result = cli(
+        "experiments.arithmetic",
+        "--preset=test",
+        "--seeds=2",
+        "--ops=add,mul",
+        "--train-fractions=0.004,0.01",
+        "--methods=vanilla,mask",
+        f"--out={out}",
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 2 * 2 * 2
+    for r in records:
+        assert {"op", "train_fraction", "method", "seed", "seq_acc", "token_acc", "train_loss", "git_commit"} <= set(r)
+        assert 0.0 <= r["seq_acc"] <= r["token_acc"] <= 1.0
+    assert "| mul | 0.01 | mask | 2 | 0 |" in (out / "summary.md").read_text()
+    assert json.loads((out / "config.json").read_text())["open_value"] == 5.0
+    assert (out / "seq_acc.png").read_bytes()[:4] == b"\x89PNG"
+    assert "add 0.004 mask step 10/10" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--train-fractions=0.5,1.5"], "(0, 1)"),
+        (["--train-fractions=0"], "(0, 1)"),
+        (["--ops=div"], "unknown op 'div'"),
+        (["--methods=nope"], "unknown method 'nope'"),
+        (["--seeds=0"], "--seeds"),
+    ],
+)
+def test_arithmetic_bad_input_gives_one_clear_line(cli, tmp_path, args, message):
+    result = cli("experiments.arithmetic", "--preset=test", f"--out={tmp_path / 'o'}", *args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (
+        result.stderr
+    )
