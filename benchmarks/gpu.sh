@@ -6,12 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-docs/gpu}"
 mkdir -p "$out"
-pip install -q -e . 2>&1 | tail -1 || true
+# The device image already has jax, flax, optax, chex, orbax and matplotlib, and no registry: use the tree as it is.
+py="${PYTHON:-python3}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
-python -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$out/device.txt"
-timeout 120 python -m benchmarks.train_step --preset=quick --seeds=1,8,64 --steps=100 --no-torch | tee "$out/train_step_quick.txt"
-timeout 120 python -m benchmarks.train_step --preset=paper --seeds=1,8 --steps=10 --no-torch | tee "$out/train_step_paper.txt"
-timeout 60 python -m benchmarks.train_step --preset=paper --seeds=8 --steps=10 --dtype=bfloat16 --no-torch \
+"$py" -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$out/device.txt"
+timeout 120 "$py" -m benchmarks.train_step --preset=quick --seeds=1,8,64 --steps=100 --no-torch | tee "$out/train_step_quick.txt"
+timeout 120 "$py" -m benchmarks.train_step --preset=paper --seeds=1,8 --steps=10 --no-torch | tee "$out/train_step_paper.txt"
+timeout 60 "$py" -m benchmarks.train_step --preset=paper --seeds=8 --steps=10 --dtype=bfloat16 --no-torch \
     | tee "$out/train_step_paper_bf16.txt"
-timeout 240 python -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
+timeout 240 "$py" -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
     --out="$out/boolean_paper_2parity" 2>&1 | tee "$out/boolean_paper_2parity.log"
