@@ -152,17 +152,15 @@ def prior_logits(model: GotuTransformer, method: Method, variables: dict, x: jax
     return jax.nn.log_sigmoid(jnp.stack(masks))
 
 
-def drift_probe(model: GotuTransformer, method: Method, x: jax.Array, batch: tuple[jax.Array, jax.Array]) -> Callable:
+def drift_probe(model: GotuTransformer, method: Method, x: jax.Array, loss: Callable, batch: tuple) -> Callable:
     """probe(initial, state) for `train`, per layer: the mean total-variation distance of the attention on x
     from its initial value (`attention_drift`), the mean absolute change of the prior's logits
-    (`prior_logit_drift`), and the gradient norms of the loss on one training batch reaching the mask
+    (`prior_logit_drift`), and the gradient norms of `loss` on one training batch reaching the mask
     (`grad_norm_mask`, 0 without a learnable mask) and the query / key kernels (`grad_norm_qk`)."""
     depth = model.config.depth
 
     def gradient_norms(params, constants) -> tuple[jax.Array, jax.Array]:
-        grads = jax.grad(lambda p: jnp.mean((model.apply(variables_of(p, constants), batch[0]) - batch[1]) ** 2))(
-            params
-        )
+        grads = jax.grad(loss)(params, constants, batch)
         attn = [grads[f"block_{i}"]["attn"] for i in range(depth)]
         qk = jnp.stack([jnp.linalg.norm(a["qkv"]["kernel"][:, :2]) for a in attn])
         mask = jnp.stack([jnp.linalg.norm(a["mask_logits"]) if "mask_logits" in a else 0.0 for a in attn])
@@ -283,7 +281,9 @@ def run_batch(
         label=f"{task.name} {method.name}",
         checkpoints=checkpoints,
         resume=resume,
-        probe=drift_probe(model, method, probe_x, jax.tree.map(lambda a: a[: config.batch_size], batch.data)),
+        probe=drift_probe(
+            model, method, probe_x, batch.loss, jax.tree.map(lambda a: a[: config.batch_size], batch.data)
+        ),
     )
 
     @jax.jit
