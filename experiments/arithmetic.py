@@ -19,6 +19,7 @@ from experiments.cli import (
     Parser,
     add_run_control,
     batch_checkpoints,
+    float_list,
     name_list,
     positive_float,
     positive_int,
@@ -36,10 +37,7 @@ GROUPS = ("op", "train_fraction", "method")
 
 
 def fraction_list(text: str) -> list[float]:
-    try:
-        values = [float(t) for t in name_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
+    values = float_list(text)
     bad = [v for v in values if not 0.0 < v < 1.0]
     if bad:
         raise argparse.ArgumentTypeError(f"training fractions must lie in (0, 1), got {bad[0]:g}")

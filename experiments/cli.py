@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jax
+import numpy as np
 
 from maskjax import report
 from maskjax.checkpoint import SweepCheckpoints
@@ -52,6 +53,16 @@ def name_list(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("expected a comma-separated list of names")
     return names
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or not all(np.isfinite(values)):
+        raise argparse.ArgumentTypeError(f"expected finite comma-separated numbers, got {text!r}")
+    return values
 
 
 def progress(message: str) -> None:

@@ -7,7 +7,6 @@ only a near-frozen +-10 one does. Writes results.jsonl, summary.md, config.json 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -18,21 +17,11 @@ from pathlib import Path
 import numpy as np
 
 from experiments.boolean import add_config_flags, resolve_config
-from experiments.cli import Parser, batch_checkpoints, prepare_out, progress, run_main
+from experiments.cli import Parser, batch_checkpoints, float_list, prepare_out, progress, run_main
 from maskjax import report
 from maskjax.studies import boolean as study
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        values = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or not all(np.isfinite(values)):
-        raise argparse.ArgumentTypeError(f"expected finite comma-separated numbers, got {text!r}")
-    return values
 
 
 def parse_args(argv: list[str] | None):
