@@ -18,7 +18,8 @@ class Method:
     mask_pattern "oracle" uses the task's interaction pattern with the study's open/closed
     values, "zero" an all-zero M (log_sigmoid(0) = -log 2 everywhere: the same as no mask),
     "misspecified" the pattern moved onto bits that do not interact, "random" as many open
-    entries placed at random, drawn per seed.
+    entries placed at random, drawn per seed, "learned" the pattern `maskjax.discover` reads off the
+    training data (no oracle).
     qk_init names the Q/K initialisation ("default" for the framework's own); qk_norm adds a LayerNorm
     on queries and keys (QK-LayerNorm) in every block.
     """
@@ -57,6 +58,9 @@ register(Method("mimetic", qk_init="mimetic", description="mimetic init: W_Q W_K
 register(Method("mask_misspecified", "learnable", "misspecified", description="the oracle pattern on the wrong bits"))
 register(
     Method("mask_random", "learnable", "random", description="a random pattern of the oracle's sparsity, per seed")
+)
+register(
+    Method("mask_learned", "learnable", "learned", description="learnable mask from interactions found in the data")
 )
 register(Method("qk_svd_qknorm", qk_init="svd", qk_norm=True, description="qk_svd with LayerNorm on queries and keys"))
 register(Method("qk_opt_qknorm", qk_init="opt", qk_norm=True, description="qk_opt with LayerNorm on queries and keys"))

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import priors, qk_priors
+from maskjax import discover, priors, qk_priors
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer, ModelConfig
@@ -59,6 +59,8 @@ class BooleanConfig:
 
 
 PAPER_SCHEDULES = {"2parity": (1e-5, 20), "cyclic3": (2e-5, 80), "majority3": (1e-5, 30), "threesym": (2e-5, 40)}
+# Our held-out tasks borrow the schedule of the paper task they resemble.
+PAPER_SCHEDULES |= {"majority5": PAPER_SCHEDULES["majority3"], "pairsum": PAPER_SCHEDULES["2parity"]}
 
 PRESETS: dict[str, BooleanConfig] = {
     "paper": BooleanConfig("paper", ModelConfig(256, 12, 6, 64, 256), PAPER_SCHEDULES),
@@ -108,6 +110,8 @@ def task_mask_logits(
         )
     elif method.mask_pattern == "random":
         pattern = priors.random_pattern(pattern, seed)
+    elif method.mask_pattern == "learned":
+        pattern = discover.task_pattern(task, config.row_policy)
     open_value, closed_value = values if values is not None else (config.open_value, config.closed_value)
     return np.asarray(priors.mask_logits(pattern, open_value, closed_value))
 
@@ -180,6 +184,12 @@ def drift_probe(model: GotuTransformer, method: Method, x: jax.Array, loss: Call
         }
 
     return probe
+
+
+def learned_recovery(task: BooleanTask, config: BooleanConfig) -> dict:
+    """How the pattern found from the training data compares with the oracle's (`discover.recovery`)."""
+    learned = discover.task_pattern(task, config.row_policy)
+    return {f"learned_{k}": v for k, v in discover.recovery(learned, oracle_pattern(task, config)).items()}
 
 
 def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
@@ -325,6 +335,7 @@ def run_batch(
                     else {}
                 ),
                 **metrics,
+                **(learned_recovery(task, config) if method.mask_pattern == "learned" else {}),
                 "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
                 "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
                 "drift_steps": drift_steps,

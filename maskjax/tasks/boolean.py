@@ -191,8 +191,25 @@ TASKS: dict[str, BooleanTask] = {
             seen=lambda x: x[..., 0] * x[..., 1] * x[..., 2] == 1,
             groups=((0, 1, 2),),
         ),
+        # Not in the paper: held out from the design of `maskjax.discover`, to test it on new structure.
+        BooleanTask(
+            "majority5",
+            15,
+            target=lambda x: np.sign(x[..., :5].sum(-1)),
+            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
+            groups=((0, 1, 2, 3, 4),),
+        ),
+        BooleanTask(
+            "pairsum",
+            15,
+            target=lambda x: x[..., 0] * x[..., 1] + x[..., 5] * x[..., 6],
+            seen=lambda x: (x[..., 0] == 1) | (x[..., 1] == 1),
+            groups=((0, 1), (5, 6)),
+        ),
     ]
 }
+
+PAPER_TASKS = ("2parity", "cyclic3", "majority3", "threesym")
 
 
 def get_task(name: str) -> BooleanTask:
