@@ -2,8 +2,8 @@
 
 Every (op, training fraction, method) trains all its seeds as one vmapped batch, each seed on its own
 random training subset, and is scored by greedy decoding on held-out pairs (exact-match sequence
-accuracy and per-digit accuracy). Writes results.jsonl, summary.md, config.json and
-seq_acc.png to --out; results are rewritten atomically after every batch.
+accuracy and per-digit accuracy). Writes results.jsonl, summary.md, config.json, seq_acc.png and
+mask_OP.png (the place-value prior of each op) to --out; results are rewritten atomically after every batch.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from experiments.cli import (
     run_main,
 )
 from maskjax import report
-from maskjax.methods import METHODS
+from maskjax.methods import METHODS, get_method
 from maskjax.studies import arithmetic as study
 from maskjax.tasks.arithmetic import FORMATS, OPS
 
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
     meta = {"config": resolved, **env}
     for task in tasks:
+        plot_mask(out / f"mask_{task.op}.png", task, config)
+    for task in tasks:
         for fraction in args.train_fractions:
             for method in methods:
                 done = [
@@ -119,8 +121,20 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
     print(write_outputs(out, records), end="")
-    print(f"results in {out}/ (results.jsonl, summary.md, config.json, seq_acc.png)", file=sys.stderr)
+    print(f"results in {out}/ (results.jsonl, summary.md, config.json, seq_acc.png, mask_*.png)", file=sys.stderr)
     return 0
+
+
+def plot_mask(path: Path, task, config: study.ArithmeticConfig) -> None:
+    """The op's mask prior M: queries down, keys across, answer digits named by place (c0 = units); a row is
+    the query that predicts the token after it."""
+    prompt = [f"a{p}" for p in range(2, -1, -1)] + [task.op] + [f"b{p}" for p in range(2, -1, -1)] + ["="]
+    report.plot_matrices(
+        {f"{task.op}, {task.answer_format} answer: M": study.mask_logits(task, get_method("mask"), config)},
+        path,
+        [*prompt, *[f"c{p}" for p in task.answer_places()]],
+        columns=1,
+    )
 
 
 def write_outputs(out: Path, records: list[dict]) -> str:

@@ -56,6 +56,7 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
     assert "| mul | 0.01 | mask | 2 | 0 |" in (out / "summary.md").read_text()
     assert json.loads((out / "config.json").read_text())["open_value"] == 5.0
     assert (out / "seq_acc.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "mask_mul.png").read_bytes()[:4] == b"\x89PNG"
     assert "add 0.004 mask step 10/10" in result.stderr
 
 
