@@ -1,0 +1,46 @@
+import json
+import math
+
+from maskjax import report
+
+
+def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    record = {"task": "2parity", "method": "mask", "open_value": 10.0, "closed_value": -10.0, "seed": 0}
+    records = [
+        {
+            **record,
+            "attention_drift": [[0.0, 0.0], [0.02, 0.5]],
+            "prior_logit_drift": [[0.0, 0.0], [0.07, 0.07]],
+            "grad_norm_mask": [[2e-5, 4e-5], [1e-5, 3e-5]],
+            "grad_norm_qk": [[0.2, 0.4], [0.1, 0.3]],
+        },
+        {
+            "task": "2parity",
+            "method": "qk_svd",
+            "seed": 0,
+            "attention_drift": [[0.0], [0.1]],
+            "prior_logit_drift": [[0.0], [0.4]],
+            "grad_norm_mask": [[0.0], [0.0]],
+            "grad_norm_qk": [[1.0], [2.0]],
+        },
+        {"task": "2parity", "method": "mdi"},
+    ]
+    report.write_jsonl(run / "results.jsonl", records)
+    result = cli("experiments.probes", str(run))
+    assert result.returncode == 0, result.stderr
+    text = (run / "probes.md").read_text()
+    sigmoid = 1 / (1 + math.exp(10))
+    assert (
+        f"| 2parity | mask | 10.0 | -10.0 | 1 | 0 | 0.02 | 0.07 | 3e-05 | 2e-05 | 0.3 | 0.2 | 0.0001 | {sigmoid:.4g} |"
+        in text
+    )
+    assert "| 2parity | qk_svd | - | - | 1 | 0 | 0.1 | 0.4 | 0 | 0 | 1 | 2 | - | - |" in text
+    assert json.loads((run / "results.jsonl").read_text().splitlines()[0])["seed"] == 0
+
+
+def test_probes_cli_refuses_a_folder_without_results(cli, tmp_path):
+    result = cli("experiments.probes", str(tmp_path))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "results.jsonl" in lines[0], result.stderr
