@@ -8,7 +8,6 @@ mask_OP.png (the place-value prior of each op) to --out; results are rewritten a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -19,7 +18,7 @@ from experiments.cli import (
     Parser,
     add_run_control,
     batch_checkpoints,
-    float_list,
+    fraction_list,
     name_list,
     positive_float,
     positive_int,
@@ -36,21 +35,13 @@ KEYS = ("seq_acc", "token_acc", "train_loss")
 GROUPS = ("op", "train_fraction", "method")
 
 
-def fraction_list(text: str) -> list[float]:
-    values = float_list(text)
-    bad = [v for v in values if not 0.0 < v < 1.0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"training fractions must lie in (0, 1), got {bad[0]:g}")
-    return values
-
-
 def parse_args(argv: list[str] | None):
     p = Parser(prog="python -m experiments.arithmetic", description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
     p.add_argument("--ops", type=name_list, default=["add", "mul"], help=f"comma list of {','.join(OPS)}")
     p.add_argument(
         "--train-fractions",
-        type=fraction_list,
+        type=fraction_list(include_one=False),
         default=[0.004, 0.01, 0.03],
         help="training fractions in (0, 1) (default 0.004,0.01,0.03)",
     )

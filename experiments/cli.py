@@ -65,6 +65,21 @@ def float_list(text: str) -> list[float]:
     return values
 
 
+def fraction_list(include_one: bool) -> Callable[[str], list[float]]:
+    """A parser of comma-separated fractions in (0, 1), or (0, 1] when include_one."""
+
+    def parse(text: str) -> list[float]:
+        values = float_list(text)
+        bad = [v for v in values if not (0.0 < v < 1.0 or (include_one and v == 1.0))]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"fractions must lie in (0, 1{']' if include_one else ')'}, got {bad[0]:g}"
+            )
+        return values
+
+    return parse
+
+
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 

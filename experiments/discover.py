@@ -8,26 +8,17 @@ writes results.jsonl, summary.md, config.json and recovery.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from experiments.cli import Parser, float_list, name_list, positive_int, prepare_out, progress, run_main
+from experiments.cli import Parser, fraction_list, name_list, positive_int, prepare_out, progress, run_main
 from maskjax import discover, priors, report
 from maskjax.tasks.boolean import TASKS, cube, get_task
 
 KEYS = ("recovered", "missing_pairs", "extra_pairs", "untested_pairs", "n_train")
-
-
-def fraction_list(text: str) -> list[float]:
-    values = float_list(text)
-    bad = [v for v in values if not 0.0 < v <= 1.0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"fractions must lie in (0, 1], got {bad[0]:g}")
-    return values
 
 
 def parse_args(argv: list[str] | None):
@@ -37,7 +28,10 @@ def parse_args(argv: list[str] | None):
         "--tasks", type=name_list, default=list(TASKS), help=f"comma list of {','.join(TASKS)} (default all)"
     )
     p.add_argument(
-        "--fractions", type=fraction_list, default=[1.0, 0.3, 0.1, 0.03], help="fractions of the seen points kept"
+        "--fractions",
+        type=fraction_list(include_one=True),
+        default=[1.0, 0.3, 0.1, 0.03],
+        help="fractions of the seen points kept",
     )
     p.add_argument("--row-policy", default="diagonal", choices=list(priors.ROW_POLICIES), help="mask row policy")
     p.add_argument(
