@@ -62,5 +62,6 @@ register(
 register(
     Method("mask_learned", "learnable", "learned", description="learnable mask from interactions found in the data")
 )
+register(Method("vanilla_qknorm", qk_norm=True, description="vanilla with LayerNorm on queries and keys (the control)"))
 register(Method("qk_svd_qknorm", qk_init="svd", qk_norm=True, description="qk_svd with LayerNorm on queries and keys"))
 register(Method("qk_opt_qknorm", qk_init="opt", qk_norm=True, description="qk_opt with LayerNorm on queries and keys"))
