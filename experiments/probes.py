@@ -39,11 +39,10 @@ def parse_args(argv: list[str] | None):
 
 
 def probe_record(record: dict) -> dict:
-    """Layer 0's drift at the end, and the first and last probe's gradient norms averaged over layers."""
-    mask = np.asarray(record["grad_norm_mask"], np.float64).mean(-1)
-    qk = np.asarray(record["grad_norm_qk"], np.float64).mean(-1)
+    """Layer 0's drift at the end, and the first and last probe's gradient norms averaged over layers
+    (None for runs older than the gradient probes)."""
     open_value = record.get("open_value")
-    return {
+    row = {
         "task": record["task"],
         "method": record["method"],
         "open": open_value if open_value is not None else "-",
@@ -51,12 +50,19 @@ def probe_record(record: dict) -> dict:
         "seed": record["seed"],
         "drift_end": record["attention_drift"][-1][0],
         "logit_drift_end": record["prior_logit_drift"][-1][0],
+        "sigmoid_minus_open": 1 / (1 + math.exp(open_value)) if open_value is not None else None,
+    }
+    if "grad_norm_qk" not in record:
+        return row
+    mask = np.asarray(record["grad_norm_mask"], np.float64).mean(-1)
+    qk = np.asarray(record["grad_norm_qk"], np.float64).mean(-1)
+    return {
+        **row,
         "mask_first": float(mask[0]),
         "mask_last": float(mask[-1]),
         "qk_first": float(qk[0]),
         "qk_last": float(qk[-1]),
         "mask_over_qk_last": float(mask[-1] / qk[-1]) if mask[-1] > 0 else None,
-        "sigmoid_minus_open": 1 / (1 + math.exp(open_value)) if open_value is not None else None,
     }
 
 
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         path = folder / "results.jsonl"
         if not path.is_file():
             raise ValueError(f"{path} does not exist")
-        rows += [probe_record(r) for r in report.read_jsonl(path) if "grad_norm_qk" in r]
+        rows += [probe_record(r) for r in report.read_jsonl(path) if "attention_drift" in r]
     if not rows:
         raise ValueError("no record carries probes (attention_drift, grad_norm_qk, ...)")
     table = report.summary_table(rows, KEYS, ("task", "method", "open", "closed"))

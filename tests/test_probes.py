@@ -25,6 +25,13 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
             "grad_norm_mask": [[0.0], [0.0]],
             "grad_norm_qk": [[1.0], [2.0]],
         },
+        {
+            "task": "2parity",
+            "method": "vanilla",
+            "seed": 0,
+            "attention_drift": [[0.0], [0.3]],
+            "prior_logit_drift": [[0.0], [0.2]],
+        },
         {"task": "2parity", "method": "mdi"},
     ]
     report.write_jsonl(run / "results.jsonl", records)
@@ -37,6 +44,7 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
         in text
     )
     assert "| 2parity | qk_svd | - | - | 1 | 0 | 0.1 | 0.4 | 0 | 0 | 1 | 2 | - | - |" in text
+    assert "| 2parity | vanilla | - | - | 1 | 0 | 0.3 | 0.2 | - | - | - | - | - | - |" in text
     assert json.loads((run / "results.jsonl").read_text().splitlines()[0])["seed"] == 0
 
 
