@@ -1,9 +1,10 @@
 """Drift and gradient probes of finished runs: python -m experiments.probes DIR [DIR ...]
 
 Reads the results.jsonl of Boolean or contrast runs (their per-chunk probes, per layer) and tabulates,
-per task, method and mask contrast: how far layer 0's attention (`drift_end`, total variation) and
-the prior's logits (`logit_drift_end`) moved from init by the end of training, and the gradient norms
-reaching the mask and W_Q/W_K at the first and last probe (mean over layers) with their ratio. The
+per task, method, row policy and mask contrast: how far layer 0's attention (`drift_end`, total
+variation) and the prior's logits (`logit_drift_end`) moved from init by the end of training, and the
+gradient norms reaching the mask and W_Q/W_K at the first and last probe (mean over layers) with their
+ratio. The
 paper's Theorem 1 bounds the mask's gradient through the factor sigmoid(-m) of each entry, printed
 for the open logit beside the measured ratio. Writes probes.md into the first DIR, or to --out.
 """
@@ -45,6 +46,7 @@ def probe_record(record: dict) -> dict:
     row = {
         "task": record["task"],
         "method": record["method"],
+        "row_policy": record.get("config", {}).get("row_policy", "-"),
         "open": open_value if open_value is not None else "-",
         "closed": record.get("closed_value", "-"),
         "seed": record["seed"],
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += [probe_record(r) for r in report.read_jsonl(path) if "attention_drift" in r]
     if not rows:
         raise ValueError("no record carries probes (attention_drift, grad_norm_qk, ...)")
-    table = report.summary_table(rows, KEYS, ("task", "method", "open", "closed"))
+    table = report.summary_table(rows, KEYS, ("task", "method", "row_policy", "open", "closed"))
     out = args.out or args.dirs[0] / "probes.md"
     sources = ", ".join(str(d) for d in args.dirs)
     report.write_atomic(out, f"# Drift and gradient probes\n\nFrom {sources}.\n\n{table}")
