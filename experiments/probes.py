@@ -4,9 +4,8 @@ Reads the results.jsonl of Boolean or contrast runs (their per-chunk probes, per
 per task, method, row policy and mask contrast: how far layer 0's attention (`drift_end`, total
 variation) and the prior's logits (`logit_drift_end`) moved from init by the end of training, and the
 gradient norms reaching the mask and W_Q/W_K at the first and last probe (mean over layers) with their
-ratio. The
-paper's Theorem 1 bounds the mask's gradient through the factor sigmoid(-m) of each entry, printed
-for the open logit beside the measured ratio. Writes probes.md into the first DIR, or to --out.
+ratio. The paper's Theorem 1 bounds the mask's gradient through the factor sigmoid(-m) of each entry,
+printed for the open logit beside the measured ratio. Writes probes.md into the first DIR, or to --out.
 """
 
 from __future__ import annotations
