@@ -31,9 +31,17 @@ def test_greedy_decoding_reads_the_prompt_only():
     assert answers.shape == (8, 6) and answers.max() <= 9
 
 
+def test_qk_priors_train_through_the_same_registry():
+    task, config = ArithmeticTask("add"), study.get_preset("test")
+    (record,) = study.run_batch(task, get_method("qk_opt"), 0.004, [0], config)
+    assert record["method"] == "qk_opt" and not record["diverged"] and np.isfinite(record["train_loss"])
+
+
 def test_placebo_masks_are_refused_for_arithmetic():
     with pytest.raises(ValueError, match="not defined for arithmetic"):
         study.resolve(["add"], ["mask_random"], "reversed")
+    with pytest.raises(ValueError, match="not defined for arithmetic"):
+        study.resolve(["add"], ["mask_learned"], "reversed")
 
 
 def test_arithmetic_cli_end_to_end(cli, tmp_path):
