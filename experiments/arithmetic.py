@@ -29,7 +29,7 @@ from experiments.cli import (
 from maskjax import report
 from maskjax.methods import METHODS, get_method
 from maskjax.studies import arithmetic as study
-from maskjax.tasks.arithmetic import FORMATS, OPS
+from maskjax.tasks.arithmetic import FORMATS, OPERAND_DIGITS, OPS
 
 KEYS = ("seq_acc", "token_acc", "train_loss")
 GROUPS = ("op", "train_fraction", "method")
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 def plot_mask(path: Path, task, config: study.ArithmeticConfig) -> None:
     """The op's mask prior M: queries down, keys across, answer digits named by place (c0 = units); a row is
     the query that predicts the token after it."""
-    prompt = [f"a{p}" for p in range(2, -1, -1)] + [task.op] + [f"b{p}" for p in range(2, -1, -1)] + ["="]
+    places = range(OPERAND_DIGITS - 1, -1, -1)
+    prompt = [f"a{p}" for p in places] + [task.op] + [f"b{p}" for p in places] + ["="]
     report.plot_matrices(
         {f"{task.op}, {task.answer_format} answer: M": study.mask_logits(task, get_method("mask"), config)},
         path,

@@ -312,6 +312,7 @@ def run_batch(
     maps = {"init": attention_init.mean(axis=(1, 2)), "final": attention_final.mean(axis=(1, 2))}
     seconds = time.time() - started
     diverged_at = first_nonfinite_step(history)
+    recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
     records = []
     for i, seed in enumerate(seeds):
         diverged = bool(diverged_at[i]) or not np.all(np.isfinite(preds[i]))
@@ -335,7 +336,7 @@ def run_batch(
                     else {}
                 ),
                 **metrics,
-                **(learned_recovery(task, config) if method.mask_pattern == "learned" else {}),
+                **recovery,
                 "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
                 "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
                 "drift_steps": drift_steps,
