@@ -71,16 +71,18 @@ def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> f
 def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int, repeats: int) -> dict:
     """Seconds per step of `seeds` runs trained as one batch, with XLA's FLOP and memory counts."""
     batch = study.make_batch(task, method, list(range(seeds)), config)
-    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
+    train_config = dataclasses.replace(batch.train_config, chunk_steps=steps)
+    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], train_config)
     state = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
     step = program.step.lower(state, batch.data, jnp.asarray(0)).compile()
-    chunk = program.chunk.lower(state, batch.data, jnp.asarray(0), steps).compile()
-    state, _ = chunk(state, batch.data, jnp.asarray(0))
+    n_steps = jnp.asarray(steps)
+    chunk = program.chunk.lower(state, batch.data, jnp.asarray(0), n_steps).compile()
+    state, _ = chunk(state, batch.data, jnp.asarray(0), n_steps)
     jax.block_until_ready(state)
     best = np.inf
     for r in range(repeats):
         started = time.perf_counter()
-        state, losses = chunk(state, batch.data, jnp.asarray((r + 1) * steps))
+        state, losses = chunk(state, batch.data, jnp.asarray((r + 1) * steps), n_steps)
         jax.block_until_ready(losses)
         best = min(best, (time.perf_counter() - started) / steps)
     memory = chunk.memory_analysis()

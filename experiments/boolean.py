@@ -20,6 +20,7 @@ from experiments.cli import (
     add_run_control,
     batch_checkpoints,
     name_list,
+    non_negative_float,
     positive_float,
     positive_int,
     prepare_out,
@@ -30,6 +31,7 @@ from maskjax import priors, report
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS
+from maskjax.train import OPTIMIZERS
 
 MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim", "dtype")
 GRADIENT_KEYS = ("grad_norm_mask", "grad_norm_qk")
@@ -53,6 +55,17 @@ def add_config_flags(p: Parser, mask_values: bool = True, run_control: bool = Tr
         help="matmul dtype (default float32; bfloat16 for accelerators, parameters and optimizer stay float32)",
     )
     p.add_argument("--row-policy", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
+    p.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        help="adam: Adam with L2 decay added to the gradient, the paper's (default); adamw: decoupled decay; "
+        "sgd: momentum 0.9 with L2 decay (give it its own --learning-rate)",
+    )
+    p.add_argument(
+        "--mask-weight-decay",
+        type=non_negative_float,
+        help="weight decay of the mask logits (default: the same as every other parameter's); 0 exempts them",
+    )
     if mask_values:
         p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
         p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
@@ -86,7 +99,9 @@ def resolve_config(args) -> study.BooleanConfig:
     if args.learning_rate is not None:
         schedules = {task: (args.learning_rate, epochs) for task, (_, epochs) in schedules.items()}
     overrides = {
-        k: v for k in ("steps", "row_policy", "open_value", "closed_value") if (v := getattr(args, k, None)) is not None
+        k: v
+        for k in ("steps", "row_policy", "open_value", "closed_value", "optimizer", "mask_weight_decay")
+        if (v := getattr(args, k, None)) is not None
     }
     config = dataclasses.replace(config, model=model, schedules=schedules, **overrides)
     if config.row_policy not in priors.ROW_POLICIES:

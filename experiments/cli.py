@@ -48,6 +48,16 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or not np.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def name_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:

@@ -27,16 +27,23 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """optimizer: "adam_l2" (Adam with L2 decay added to the gradient, torch's Adam(weight_decay)) or
-    "adamw" (decoupled decay); schedule: "constant" or "cosine" (decay to 0 over `steps`)."""
+    """optimizer: "adam" (Adam with L2 decay added to the gradient, the paper's and torch's
+    Adam(weight_decay)), "adamw" (decoupled decay) or "sgd" (momentum 0.9, L2 added to the gradient as
+    torch's SGD(weight_decay)); schedule: "constant" or "cosine" (decay to 0 over `steps`).
+    mask_weight_decay: the decay of every parameter named `mask_logits`; None decays them like the rest."""
 
     steps: int
     batch_size: int = 256
     learning_rate: float = 1e-5
     weight_decay: float = 1e-3
     chunk_steps: int = 200
-    optimizer: str = "adam_l2"
+    optimizer: str = "adam"
     schedule: str = "constant"
+    mask_weight_decay: float | None = None
+
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+SGD_MOMENTUM = 0.9
 
 
 class RunState(NamedTuple):
@@ -53,19 +60,45 @@ def variables_of(params: PyTree, constants: PyTree) -> dict:
     return {"params": params, "constants": constants} if constants else {"params": params}
 
 
+def is_mask_logits(path: tuple, _leaf: Any = None) -> bool:
+    """Whether a parameter's key path names an attention mask's logits."""
+    return any(getattr(key, "key", None) == "mask_logits" for key in path)
+
+
+def weight_decay(config: TrainConfig) -> optax.GradientTransformation:
+    """Adds decay x params to the updates; the mask logits take `mask_weight_decay` when it is set."""
+    if config.mask_weight_decay is None or config.mask_weight_decay == config.weight_decay:
+        return optax.add_decayed_weights(config.weight_decay)
+
+    def where(wanted: bool) -> Callable[[PyTree], PyTree]:
+        return lambda params: jax.tree_util.tree_map_with_path(lambda p, _: is_mask_logits(p) == wanted, params)
+
+    return optax.chain(
+        optax.add_decayed_weights(config.weight_decay, mask=where(False)),
+        optax.add_decayed_weights(config.mask_weight_decay, mask=where(True)),
+    )
+
+
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """The config's optimizer and learning-rate schedule."""
+    """The config's optimizer, weight decay and learning-rate schedule."""
     if config.schedule == "constant":
         rate = config.learning_rate
     elif config.schedule == "cosine":
         rate = optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
     else:
         raise ValueError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
-    if config.optimizer == "adam_l2":
-        return optax.chain(optax.add_decayed_weights(config.weight_decay), optax.adam(rate))
+    if config.mask_weight_decay is not None and not config.mask_weight_decay >= 0:
+        raise ValueError(f"mask weight decay must be >= 0, got {config.mask_weight_decay}")
+    if config.optimizer == "adam":
+        return optax.chain(weight_decay(config), optax.adam(rate))
+    if config.optimizer == "sgd":
+        return optax.chain(weight_decay(config), optax.sgd(rate, momentum=SGD_MOMENTUM))
     if config.optimizer == "adamw":
-        return optax.adamw(rate, weight_decay=config.weight_decay)
-    raise ValueError(f"unknown optimizer {config.optimizer!r}; expected 'adam_l2' or 'adamw'")
+        if config.mask_weight_decay is None:
+            return optax.adamw(rate, weight_decay=config.weight_decay)
+        # optax.adamw's own chain, with the decay split between the mask logits and the rest.
+        return optax.chain(optax.scale_by_adam(), weight_decay(config), optax.scale_by_learning_rate(rate))
+    raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
 
 
 def epoch_orders(data_key: jax.Array, first_epoch: jax.Array, n_epochs: int, n_train: int) -> jax.Array:
@@ -84,7 +117,8 @@ Log = Callable[[str], None]
 
 class Program(NamedTuple):
     """The compiled pieces of a batch: `init(keys, *inputs)` -> stacked RunState, and
-    `chunk(state, data, start, n_steps)` -> (state, losses [runs, n_steps]), n_steps static.
+    `chunk(state, data, start, n_steps)` -> (state, losses [runs, chunk_steps]), n_steps <= chunk_steps
+    traced (losses past n_steps are 0).
     `step(state, data, step)` is one vmapped step, for cost analysis (it draws its own epoch order)."""
 
     init: Callable
@@ -117,14 +151,19 @@ def compile_program(
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), value
 
-    def chunk_one(state: RunState, data: PyTree, start: jax.Array, n_steps: int) -> tuple[RunState, jax.Array]:
+    def chunk_one(state: RunState, data: PyTree, start: jax.Array, n_steps: jax.Array) -> tuple[RunState, jax.Array]:
+        # n_steps is traced, so one compiled program serves every chunk, the last short one included;
+        # the losses of steps past n_steps stay 0.
         first_epoch = start // steps_per_epoch
-        orders = epoch_orders(state.data_key, first_epoch, n_steps // steps_per_epoch + 2, n_train)
+        orders = epoch_orders(state.data_key, first_epoch, config.chunk_steps // steps_per_epoch + 2, n_train)
 
-        def body(s: RunState, t: jax.Array) -> tuple[RunState, jax.Array]:
-            return step_one(s, t, orders[t // steps_per_epoch - first_epoch], data)
+        def body(t: jax.Array, carry: tuple[RunState, jax.Array]) -> tuple[RunState, jax.Array]:
+            s, losses = carry
+            s, value = step_one(s, t, orders[t // steps_per_epoch - first_epoch], data)
+            return s, losses.at[t - start].set(value)
 
-        return jax.lax.scan(body, state, start + jnp.arange(n_steps))
+        losses = jnp.zeros(config.chunk_steps, jnp.float32)
+        return jax.lax.fori_loop(start, start + n_steps, body, (state, losses))
 
     data_axis = 0 if data_per_run else None
 
@@ -134,7 +173,7 @@ def compile_program(
 
     return Program(
         init=jax.jit(jax.vmap(init_one)),
-        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, data_axis, None, None)), static_argnums=3, donate_argnums=0),
+        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, data_axis, None, None)), donate_argnums=0),
         step=jax.jit(jax.vmap(single_step, in_axes=(0, data_axis, None))),
     )
 
@@ -198,8 +237,8 @@ def train(
     started = time.time()
     for start in range(first_step, config.steps, config.chunk_steps):
         n_steps = min(config.chunk_steps, config.steps - start)
-        state, chunk_losses = program.chunk(state, data, jnp.asarray(start), n_steps)
-        history["loss"].append(to_host(chunk_losses))
+        state, chunk_losses = program.chunk(state, data, jnp.asarray(start), jnp.asarray(n_steps))
+        history["loss"].append(to_host(chunk_losses)[:, :n_steps])
         if measure is not None:
             for name, value in measure(initial, state).items():
                 history[name].append(to_host(value)[:, None])

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, priors, qk_priors
+from maskjax import discover, priors, probes, qk_priors
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer, ModelConfig
@@ -21,7 +21,9 @@ from maskjax.tasks.boolean import (
     degree_profile,
     get_task,
     minimum_degree_interpolator,
+    probe_points,
     scores,
+    seen_share,
 )
 from maskjax.train import (
     TrainConfig,
@@ -50,12 +52,31 @@ class BooleanConfig:
     eval_batch: int = 4096
     steps: int | None = None
     qk_opt_steps: int = 10_000
+    optimizer: str = "adam"
+    mask_weight_decay: float | None = None
 
     def train_config(self, task: BooleanTask) -> TrainConfig:
         learning_rate, epochs = self.schedules[task.name]
         n_train = int(np.sum(task.seen(cube(task.n_bits))))
         steps = self.steps if self.steps is not None else epochs * (n_train // self.batch_size)
-        return TrainConfig(steps, self.batch_size, learning_rate, self.weight_decay, self.chunk_steps)
+        return TrainConfig(
+            steps,
+            self.batch_size,
+            learning_rate,
+            self.weight_decay,
+            self.chunk_steps,
+            optimizer=self.optimizer,
+            mask_weight_decay=self.mask_weight_decay,
+        )
+
+
+# Attention is measured on fixed random cube points, half seen and half unseen (`probe_points`): the
+# drift probe after every chunk on PROBE_POINTS, the attention maps and pattern errors on MAP_POINTS.
+# The gradient probe averages the gradient norms of GRADIENT_BATCHES random training batches.
+PROBE_POINTS = 128
+MAP_POINTS = 512
+GRADIENT_BATCHES = 4
+PROBE_SEED = 0
 
 
 PAPER_SCHEDULES = {"2parity": (1e-5, 20), "cyclic3": (2e-5, 80), "majority3": (1e-5, 30), "threesym": (2e-5, 40)}
@@ -146,44 +167,89 @@ def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> j
     return sown(model, variables, x, "attention")[0]
 
 
-def prior_logits(model: GotuTransformer, method: Method, variables: dict, x: jax.Array) -> jax.Array:
-    """The logits that carry the method's prior, per layer: log_sigmoid(M) [layers, heads, N, N] for mask
-    methods, the q.k logits on the inputs x [layers, batch, heads, N, N] for every other method."""
-    if method.mask_mode == "none":
-        return sown(model, variables, x, "qk_logits")
+def mask_logits_of(model: GotuTransformer, method: Method, variables: dict) -> jax.Array:
+    """The mask logits M of every layer, [layers, heads, N, N], from params (learnable) or constants (fixed)."""
     collection = "params" if method.mask_mode == "learnable" else "constants"
-    masks = [variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)]
-    return jax.nn.log_sigmoid(jnp.stack(masks))
+    return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
 
 
-def drift_probe(model: GotuTransformer, method: Method, x: jax.Array, loss: Callable, batch: tuple) -> Callable:
-    """probe(initial, state) for `train`, per layer: the mean total-variation distance of the attention on x
-    from its initial value (`attention_drift`), the mean absolute change of the prior's logits
-    (`prior_logit_drift`), and the gradient norms of `loss` on one training batch reaching the mask
-    (`grad_norm_mask`, 0 without a learnable mask) and the query / key kernels (`grad_norm_qk`)."""
+def region_weighted(values_P: np.ndarray, seen_P: np.ndarray, share: float) -> np.ndarray:
+    """The cube's mean of per-point values measured on `probe_points` (numpy twin of `probes.region_means`)."""
+    weights = np.where(seen_P, share / seen_P.sum(), (1 - share) / (~seen_P).sum())
+    return np.tensordot(weights, np.asarray(values_P, np.float64), axes=1)
+
+
+def drift_probe(
+    model: GotuTransformer,
+    method: Method,
+    task: BooleanTask,
+    loss: Callable,
+    gradient_batches: tuple[jax.Array, jax.Array],
+) -> Callable:
+    """probe(initial, state) for `train`, per layer: the total-variation distance of the attention on
+    `probe_points` from its initial value, as the cube's mean (`attention_drift`) and per region
+    (`attention_drift_seen`, `attention_drift_unseen`); the mean absolute change of the prior's logits
+    (`prior_logit_drift`: log_sigmoid(M) for a mask, the q.k logits on the probe points otherwise); for a
+    mask, |M_t - M_0| on its open and closed entries apart (`probes.CHANGE_KEYS`); and the gradient norms
+    reaching the mask (`grad_norm_mask`, 0 without a learnable mask) and the query / key kernels
+    (`grad_norm_qk`), averaged over the `gradient_batches` [batches, batch_size, ...]."""
     depth = model.config.depth
+    x_np, seen_np = probe_points(task, PROBE_POINTS, PROBE_SEED)
+    x, seen, share = jnp.asarray(x_np), jnp.asarray(seen_np), seen_share(task)
+    has_mask = method.mask_mode != "none"
 
     def gradient_norms(params, constants) -> tuple[jax.Array, jax.Array]:
-        grads = jax.grad(loss)(params, constants, batch)
-        attn = [grads[f"block_{i}"]["attn"] for i in range(depth)]
-        qk = jnp.stack([jnp.linalg.norm(a["qkv"]["kernel"][:, :2]) for a in attn])
-        mask = jnp.stack([jnp.linalg.norm(a["mask_logits"]) if "mask_logits" in a else 0.0 for a in attn])
-        return mask, qk
+        def norms(batch):
+            grads = jax.grad(loss)(params, constants, batch)
+            attn = [grads[f"block_{i}"]["attn"] for i in range(depth)]
+            qk = jnp.stack([jnp.linalg.norm(a["qkv"]["kernel"][:, :2]) for a in attn])
+            mask = jnp.stack([jnp.linalg.norm(a["mask_logits"]) if "mask_logits" in a else 0.0 for a in attn])
+            return mask, qk
+
+        mask, qk = jax.lax.map(norms, gradient_batches)
+        return mask.mean(0), qk.mean(0)
+
+    def measured(variables: dict) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """Attention [layers, points, heads, N, N], the prior's logits and, for a mask, M."""
+        _, state = model.apply(variables, x, mutable=["intermediates"])
+        blocks = [state["intermediates"][f"block_{i}"]["attn"] for i in range(depth)]
+        attention = jnp.stack([b["attention"][0] for b in blocks])
+        if not has_mask:
+            return attention, jnp.stack([b["qk_logits"][0] for b in blocks]), None
+        masks = mask_logits_of(model, method, variables)
+        return attention, jax.nn.log_sigmoid(masks), masks
 
     def probe(initial, state) -> dict[str, jax.Array]:
-        before = variables_of(initial.params, initial.constants)
-        after = variables_of(state.params, state.constants)
-        moved = sown(model, after, x, "attention") - sown(model, before, x, "attention")
-        logits_moved = prior_logits(model, method, after, x) - prior_logits(model, method, before, x)
+        attention_0, prior_0, masks_0 = measured(variables_of(initial.params, initial.constants))
+        attention, prior, masks = measured(variables_of(state.params, state.constants))
+        moved_PL = probes.row_total_variation(attention, attention_0).mean(axis=(2, 3)).T
+        drift = probes.region_means(moved_PL, seen, share)
+        logits_moved = jnp.abs(prior - prior_0)
+        if has_mask:
+            logit_drift = logits_moved.reshape(depth, -1).mean(-1)
+        else:
+            logit_drift = probes.region_means(logits_moved.mean(axis=(2, 3, 4)).T, seen, share)["all"]
         grad_mask, grad_qk = gradient_norms(state.params, state.constants)
         return {
-            "attention_drift": 0.5 * jnp.abs(moved).sum(-1).mean(axis=(1, 2, 3)),
-            "prior_logit_drift": jnp.abs(logits_moved).reshape(depth, -1).mean(-1),
+            "attention_drift": drift["all"],
+            "attention_drift_seen": drift["seen"],
+            "attention_drift_unseen": drift["unseen"],
+            "prior_logit_drift": logit_drift,
+            **(probes.mask_logit_change(masks_0, masks) if has_mask else {}),
             "grad_norm_mask": grad_mask,
             "grad_norm_qk": grad_qk,
         }
 
     return probe
+
+
+def probe_batches(data: tuple[jax.Array, jax.Array], batch_size: int) -> tuple:
+    """GRADIENT_BATCHES batches drawn as training draws them (batch_size distinct training points, at
+    random), with a fixed seed: [batches, batch_size, ...]."""
+    rng = np.random.default_rng(PROBE_SEED)
+    n_train = data[0].shape[0]
+    index = np.stack([rng.choice(n_train, batch_size, replace=False) for _ in range(GRADIENT_BATCHES)])
+    return jax.tree.map(lambda a: a[index], data)
 
 
 def learned_recovery(task: BooleanTask, config: BooleanConfig) -> dict:
@@ -277,8 +343,6 @@ def run_batch(
     seen = np.asarray(task.seen(points), bool)
     x_all = jnp.asarray(points, jnp.float32)
     target = oracle_target(task, config)
-
-    probe_x = pattern_inputs(x_all, 64)
     started = time.time()
     initial, final, history, drift, drift_steps = train(
         batch.init_run,
@@ -291,9 +355,7 @@ def run_batch(
         label=f"{task.name} {method.name}",
         checkpoints=checkpoints,
         resume=resume,
-        probe=drift_probe(
-            model, method, probe_x, batch.loss, jax.tree.map(lambda a: a[: config.batch_size], batch.data)
-        ),
+        probe=drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size)),
     )
 
     @jax.jit
@@ -301,15 +363,10 @@ def run_batch(
     def evaluate(params, constants):
         return predict(model, variables_of(params, constants), x_all, config.eval_batch)
 
-    @jax.jit
-    @jax.vmap
-    def attention(params, constants):
-        return layer0_attention(model, variables_of(params, constants), pattern_inputs(x_all))
-
     preds = to_host(evaluate(final.params, final.constants))
-    attention_init = to_host(attention(initial.params, initial.constants))
-    attention_final = to_host(attention(final.params, final.constants))
-    maps = {"init": attention_init.mean(axis=(1, 2)), "final": attention_final.mean(axis=(1, 2))}
+    on_maps = MapPoints(task, model)
+    attention_init, attention_final = on_maps.attention(initial), on_maps.attention(final)
+    maps = {"init": on_maps.mean(attention_init), "final": on_maps.mean(attention_final)}
     seconds = time.time() - started
     diverged_at = first_nonfinite_step(history)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
@@ -337,14 +394,16 @@ def run_batch(
                 ),
                 **metrics,
                 **recovery,
-                "pattern_error_init": qk_priors.pattern_error(attention_init[i], target),
-                "pattern_drift": qk_priors.pattern_error(attention_final[i], attention_init[i]),
+                "pattern_error_init": on_maps.error(attention_init[i], target),
+                "pattern_drift": on_maps.error(attention_final[i], attention_init[i]),
                 "drift_steps": drift_steps,
-                **{name: [[float(f"{v:.6g}") for v in step] for step in values[i]] for name, values in drift.items()},
+                **{name: [[float(f"{v:.6g}") for v in step] for step in series[i]] for name, series in drift.items()},
                 "diverged": diverged,
                 "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(train_config.steps),
                 "learning_rate": train_config.learning_rate,
+                "optimizer": train_config.optimizer,
+                "mask_weight_decay": train_config.mask_weight_decay,
                 "runs_in_batch": len(seeds),
                 "batch_seconds": round(seconds, 2),
             }
@@ -352,9 +411,27 @@ def run_batch(
     return records, maps
 
 
-def pattern_inputs(x_all: jax.Array, count: int = 512) -> jax.Array:
-    """The evenly strided cube points on which attention patterns are compared."""
-    return x_all[:: max(1, x_all.shape[0] // count)]
+class MapPoints:
+    """Layer 0's attention on MAP_POINTS `probe_points` of a task, and the cube's means of it: the maps
+    of the attention plots and the pattern errors (mean total-variation distance of the attention rows
+    from a target's, in [0, 1])."""
+
+    def __init__(self, task: BooleanTask, model: GotuTransformer):
+        x, self.seen = probe_points(task, MAP_POINTS, PROBE_SEED)
+        self.share = seen_share(task)
+        self._attention = jax.jit(jax.vmap(lambda p, c: layer0_attention(model, variables_of(p, c), jnp.asarray(x))))
+
+    def attention(self, state) -> np.ndarray:
+        """[runs, points, heads, N, N] for a stacked RunState."""
+        return to_host(self._attention(state.params, state.constants))
+
+    def mean(self, attention_RPHNN: np.ndarray) -> np.ndarray:
+        """Per run, the cube's mean over points and heads: [runs, N, N]."""
+        return np.stack([region_weighted(a.mean(1), self.seen, self.share) for a in attention_RPHNN])
+
+    def error(self, attention_PHNN: np.ndarray, target: np.ndarray) -> float:
+        rows = 0.5 * np.abs(np.asarray(attention_PHNN, np.float64) - np.asarray(target, np.float64)).sum(-1)
+        return float(region_weighted(rows.mean(axis=(1, 2)), self.seen, self.share))
 
 
 def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int], config: BooleanConfig) -> list[float]:
@@ -365,11 +442,9 @@ def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int],
     batch = make_batch(task, method, seeds, config)
     program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
     initial = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
-    x = pattern_inputs(jnp.asarray(cube(task.n_bits), jnp.float32))
-    attention = jax.jit(jax.vmap(lambda p, c: layer0_attention(batch.model, variables_of(p, c), x)))
-    maps = to_host(attention(initial.params, initial.constants))[: len(seeds)]
+    on_maps = MapPoints(task, batch.model)
     target = oracle_target(task, config)
-    return [qk_priors.pattern_error(m, target) for m in maps]
+    return [on_maps.error(m, target) for m in on_maps.attention(initial)[: len(seeds)]]
 
 
 def mdi_record(task: BooleanTask) -> dict:

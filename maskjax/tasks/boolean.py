@@ -32,6 +32,30 @@ def cube(n_bits: int) -> np.ndarray:
     return (1 - 2 * ((index >> np.arange(n_bits)) & 1)).astype(np.int8)
 
 
+def probe_points(task: BooleanTask, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed sample of the cube to measure attention on: count // 2 unseen points and the rest seen,
+    each drawn without replacement with numpy's generator at `seed`, so every run, method and seed is
+    measured on the same points and every bit takes both values. Returns (x [count, n_bits] float32,
+    seen [count] bool). A strided slice of `cube` would not do: its rows share their low bits."""
+    points = cube(task.n_bits)
+    seen = np.asarray(task.seen(points), bool)
+    rng = np.random.default_rng(seed)
+    unseen_count = count // 2
+    rows = []
+    for region, wanted in ((seen, count - unseen_count), (~seen, unseen_count)):
+        members = np.flatnonzero(region)
+        if wanted > len(members):
+            raise ValueError(f"{task.name}: {wanted} probe points asked of a region of {len(members)}")
+        rows.append(rng.choice(members, size=wanted, replace=False))
+    index = np.concatenate(rows)
+    return points[index].astype(np.float32), seen[index]
+
+
+def seen_share(task: BooleanTask) -> float:
+    """The fraction of the cube in the seen region."""
+    return float(np.mean(task.seen(cube(task.n_bits))))
+
+
 def walsh_hadamard(values: np.ndarray) -> np.ndarray:
     """Fourier coefficients over the last axis (length 2**n, indexed as in `cube`).
 
