@@ -2,10 +2,10 @@
 
 Two measurements, per method, on 2Parity with one seed:
 - through the CLI, as a user runs it: the wall time of `experiments.boolean --steps=S` and
-  `--steps=S+chunk` in fresh processes; their difference is one more chunk of training plus one more
-  probe (and, before the chunk program took its length as an argument, one more compile). Divided by
-  `chunk` steps and set against the bare step of `benchmarks.train_step`'s timing, it gives the
-  overhead on top of the training it measures.
+  `--steps=S+K*chunk` in fresh processes; their difference is K more chunks of training and K more
+  probes (and, before the chunk program took its length as an argument, one more compile). Divided by
+  K*chunk steps and set against the bare step of `benchmarks.train_step`'s timing, it gives the
+  overhead on top of the training it measures (K = --chunks; process start-up noise shrinks as 1/K).
 - in process: the probe's compile time and the time of one probe call, set against the bare training
   time of a whole run at the preset (every chunk end is probed, and once at init).
 Prints a table and a final JSON line; asserts nothing.
@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preset", default="quick", help="paper, quick or test (default quick)")
     p.add_argument("--methods", type=name_list, default=["vanilla", "mask"], help="comma list (default vanilla,mask)")
     p.add_argument("--short", type=positive_int, default=50, help="steps of the shorter CLI run (default 50)")
+    p.add_argument("--chunks", type=positive_int, default=4, help="chunks between the two CLI runs (default 4)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed probe calls; the best is kept")
     return p.parse_args(argv)
 
@@ -77,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.methods:
         short = cli_seconds(name, args.preset, args.short)
-        long = cli_seconds(name, args.preset, args.short + chunk)
+        long = cli_seconds(name, args.preset, args.short + args.chunks * chunk)
         bare = time_batch(config, get_task("2parity"), get_method(name), 1, 50, 3)["step_seconds"]
         compile_seconds, call_seconds = probe_seconds(config, name, args.repeats)
-        cli_step = (long - short) / chunk
+        cli_step = (long - short) / (args.chunks * chunk)
         run_seconds = bare * run_steps
         rows.append(
             {
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 "probes_share_of_run": (compile_seconds + probes_per_run * call_seconds) / run_seconds,
             }
         )
-    print(f"2Parity, {args.preset} preset, one seed; CLI runs of {args.short} and {args.short + chunk} steps")
+    long_steps = args.short + args.chunks * chunk
+    print(f"2Parity, {args.preset} preset, one seed; CLI runs of {args.short} and {long_steps} steps")
     print(f"(chunks of {chunk}); a whole run is {run_steps} steps with {probes_per_run} probes.\n")
     print("| method | bare s/step | CLI s/step | CLI over bare | probe compile s | probe call s | probes / run |")
     print("|---|---|---|---|---|---|---|")

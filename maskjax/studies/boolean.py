@@ -75,7 +75,7 @@ class BooleanConfig:
 # The gradient probe averages the gradient norms of GRADIENT_BATCHES random training batches.
 PROBE_POINTS = 128
 MAP_POINTS = 512
-GRADIENT_BATCHES = 4
+GRADIENT_BATCHES = 2
 PROBE_SEED = 0
 
 
