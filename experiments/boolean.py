@@ -109,10 +109,24 @@ def resolve_config(args) -> study.BooleanConfig:
     return config
 
 
+SEED_KEYS = ("acc_all", "unseen_mean_prediction")
+
+
+def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple[str, ...] = ("task", "method")) -> str:
+    """Mean +- std per group (beside the MDI's own scores), the seeds above the MDI per group with
+    Fisher's exact test against vanilla, and per-seed tables: the body of every Boolean summary.md."""
+    parts = [
+        report.summary_table(reference + records, KEYS, group_by),
+        "Seeds above the task's MDI in acc_all:\n\n" + report.count_table(records, reference, group_by),
+        *[report.per_seed_table(records, key, group_by) for key in SEED_KEYS],
+    ]
+    return "\n".join(parts)
+
+
 def write_outputs(out: Path, records: list[dict], reference: list[dict]) -> str:
     report.write_jsonl(out / "results.jsonl", records)
     table = report.summary_table(reference + records, KEYS, ("task", "method"))
-    report.write_atomic(out / "summary.md", "# Boolean GOTU study\n\n" + table)
+    report.write_atomic(out / "summary.md", "# Boolean GOTU study\n\n" + summary_markdown(records, reference))
     return table
 
 

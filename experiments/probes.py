@@ -1,11 +1,13 @@
 """Drift and gradient probes of finished runs: python -m experiments.probes DIR [DIR ...]
 
 Reads the results.jsonl of Boolean or contrast runs (their per-chunk probes, per layer) and tabulates,
-per task, method, row policy and mask contrast: how far layer 0's attention (`drift_end`, total
-variation) and the prior's logits (`logit_drift_end`) moved from init by the end of training, and the
-gradient norms reaching the mask and W_Q/W_K at the first and last probe (mean over layers) with their
-ratio. The paper's Theorem 1 bounds the mask's gradient through the factor sigmoid(-m) of each entry,
-printed for the open logit beside the measured ratio. Writes probes.md into the first DIR, or to --out.
+per task, method, row policy, mask contrast, optimizer and mask weight decay: how far layer 0's
+attention moved from init by the end of training (`drift_end`, total variation, the cube's mean; on
+seen and unseen probe points apart), how far the prior's logits moved (`logit_drift_end`), the raw
+change |M_t - M_0| of the mask logits on open and closed entries (mean, layer 0), and the gradient
+norms reaching the mask and W_Q/W_K at the first and last probe (mean over layers) with their ratio.
+The paper's Theorem 1 bounds the mask's gradient through the factor sigmoid(-m) of each entry, printed
+for the open logit beside the measured ratio. Writes probes.md into the first DIR, or to --out.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from maskjax import report
 
 KEYS = (
     "drift_end",
+    "drift_end_seen",
+    "drift_end_unseen",
     "logit_drift_end",
+    "mask_open_change_end",
+    "mask_closed_change_end",
     "mask_first",
     "mask_last",
     "qk_first",
@@ -29,6 +35,9 @@ KEYS = (
     "mask_over_qk_last",
     "sigmoid_minus_open",
 )
+
+
+GROUPS = ("task", "method", "row_policy", "open", "closed", "optimizer", "mask_wd")
 
 
 def parse_args(argv: list[str] | None):
@@ -40,17 +49,29 @@ def parse_args(argv: list[str] | None):
 
 def probe_record(record: dict) -> dict:
     """Layer 0's drift at the end, and the first and last probe's gradient norms averaged over layers
-    (None for runs older than the gradient probes)."""
+    (None for what runs older than a probe do not carry)."""
     open_value = record.get("open_value")
+    config = record.get("config", {})
+    mask_decay = record.get("mask_weight_decay", config.get("mask_weight_decay"))
+
+    def end(key: str) -> float | None:
+        return record[key][-1][0] if key in record else None
+
     row = {
         "task": record["task"],
         "method": record["method"],
-        "row_policy": record.get("config", {}).get("row_policy", "-"),
+        "row_policy": config.get("row_policy", "-"),
+        "optimizer": record.get("optimizer", config.get("optimizer", "adam")).replace("adam_l2", "adam"),
+        "mask_wd": "-" if mask_decay is None else mask_decay,
         "open": open_value if open_value is not None else "-",
         "closed": record.get("closed_value", "-"),
         "seed": record["seed"],
-        "drift_end": record["attention_drift"][-1][0],
-        "logit_drift_end": record["prior_logit_drift"][-1][0],
+        "drift_end": end("attention_drift"),
+        "drift_end_seen": end("attention_drift_seen"),
+        "drift_end_unseen": end("attention_drift_unseen"),
+        "logit_drift_end": end("prior_logit_drift"),
+        "mask_open_change_end": end("mask_change_open_mean"),
+        "mask_closed_change_end": end("mask_change_closed_mean"),
         "sigmoid_minus_open": 1 / (1 + math.exp(open_value)) if open_value is not None else None,
     }
     if "grad_norm_qk" not in record:
@@ -77,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         rows += [probe_record(r) for r in report.read_jsonl(path) if "attention_drift" in r]
     if not rows:
         raise ValueError("no record carries probes (attention_drift, grad_norm_qk, ...)")
-    table = report.summary_table(rows, KEYS, ("task", "method", "row_policy", "open", "closed"))
+    table = report.summary_table(rows, KEYS, GROUPS)
     out = args.out or args.dirs[0] / "probes.md"
     sources = ", ".join(str(d) for d in args.dirs)
     report.write_atomic(out, f"# Drift and gradient probes\n\nFrom {sources}.\n\n{table}")

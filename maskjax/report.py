@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from scipy import stats
 
 
 def _umask() -> int:
@@ -115,7 +116,7 @@ def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequen
     """
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault(tuple(r[g] for g in group_by), []).append(r)
+        groups.setdefault(tuple(r.get(g, "-") for g in group_by), []).append(r)
     header = [*group_by, "seeds", "diverged", *[f"{k} (%)" if is_accuracy(k) else k for k in keys]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for group, rows in groups.items():
@@ -123,6 +124,78 @@ def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequen
         counts = [str(len(seeded)), str(sum(bool(r.get("diverged")) for r in seeded))] if seeded else ["-", "-"]
         cells = [mean_std([r.get(k) for r in rows], *((100.0, ".2f") if is_accuracy(k) else ())) for k in keys]
         lines.append("| " + " | ".join([*map(str, group), *counts, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cell(value: float | None, key: str) -> str:
+    """One value as the tables print it: accuracies in percent, the rest to 4 significant digits."""
+    if value is None:
+        return "diverged"
+    return f"{100 * value:.2f}" if is_accuracy(key) else f"{value:.4g}"
+
+
+def per_seed_table(records: Sequence[dict], key: str, group_by: Sequence[str]) -> str:
+    """A markdown table of one key: a row per group, a column per seed."""
+    seeded = [r for r in records if "seed" in r]
+    seeds = sorted({r["seed"] for r in seeded})
+    groups: dict[tuple, dict[int, dict]] = {}
+    for r in seeded:
+        groups.setdefault(tuple(r[g] for g in group_by), {})[r["seed"]] = r
+    title = f"{key} (%)" if is_accuracy(key) else key
+    header = [*group_by, *[f"seed {s}" for s in seeds]]
+    lines = [f"{title}, per seed:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for group, by_seed in groups.items():
+        cells = [cell(by_seed[s].get(key), key) if s in by_seed else "-" for s in seeds]
+        lines.append("| " + " | ".join([*map(str, group), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def fisher_p(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
+    """Two-sided Fisher's exact test of hits_a / n_a against hits_b / n_b."""
+    return float(stats.fisher_exact([[hits_a, n_a - hits_a], [hits_b, n_b - hits_b]])[1])
+
+
+def sign_test_p(differences: Sequence[float]) -> float:
+    """Two-sided sign test of paired differences (ties dropped); 1 when every pair ties."""
+    plus = sum(d > 0 for d in differences)
+    minus = sum(d < 0 for d in differences)
+    return float(stats.binomtest(plus, plus + minus).pvalue) if plus + minus else 1.0
+
+
+def count_table(
+    records: Sequence[dict],
+    reference: Sequence[dict],
+    group_by: Sequence[str] = ("task", "method"),
+    key: str = "acc_all",
+    control: str = "vanilla",
+) -> str:
+    """Per group, how many seeds score above the reference (the task's MDI) and how many reach 100%,
+    with Fisher's exact test of each count against the control method's in the same group otherwise."""
+    mdi = {r["task"]: r[key] for r in reference}
+    tol = 1e-9
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if "seed" in r and r["task"] in mdi:
+            groups.setdefault(tuple(r[g] for g in group_by), []).append(r)
+
+    def counts(rows: list[dict]) -> tuple[int, int, int]:
+        scored = [r.get(key) for r in rows]
+        above = sum(v is not None and v > mdi[rows[0]["task"]] + tol for v in scored)
+        perfect = sum(v is not None and v >= 1 - tol for v in scored)
+        return len(rows), above, perfect
+
+    def others(group: tuple) -> tuple:
+        """The group without its method: the control it is tested against shares these."""
+        return tuple(v for name, v in zip(group_by, group, strict=True) if name != "method")
+
+    controls = {others(g): counts(rows) for g, rows in groups.items() if rows[0]["method"] == control}
+    header = [*group_by, "seeds", f"above MDI ({key})", "at 100%", f"Fisher p vs {control} (above MDI)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for group, rows in groups.items():
+        n, above, perfect = counts(rows)
+        base = controls.get(others(group))
+        test = "-" if base is None or rows[0]["method"] == control else f"{fisher_p(above, n, base[1], base[0]):.3g}"
+        lines.append("| " + " | ".join([*map(str, group), str(n), f"{above}/{n}", f"{perfect}/{n}", test]) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -50,6 +50,10 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
         (["--row-policy=nope"], "unknown row policy"),
         (["--dtype=float16"], "--dtype"),
         (["--tasks=cyclic3", "--methods=mask_misspecified"], "mask_misspecified on cyclic3"),
+        (["--optimizer=rmsprop"], "--optimizer"),
+        (["--mask-weight-decay=-1"], "--mask-weight-decay"),
+        (["--mask-weight-decay=nan"], "--mask-weight-decay"),
+        (["--mask-weight-decay=abc"], "--mask-weight-decay"),
     ],
 )
 def test_bad_input_gives_one_clear_line(cli, tmp_path, args, message):
@@ -105,3 +109,28 @@ def test_qk_prior_methods_run_from_the_cli(cli, tmp_path):
     assert [r["method"] for r in records] == ["qk_svd", "qk_opt", "mimetic", "qk_opt_qknorm"]
     for r in records:
         assert 0.0 <= r["pattern_error_init"] <= 1.0 and 0.0 <= r["pattern_drift"] <= 1.0
+
+
+def test_optimizer_and_mask_weight_decay_reach_config_and_every_record(cli, tmp_path):
+    out = tmp_path / "sgd"
+    result = cli(
+        "experiments.boolean",
+        "--preset=test",
+        "--seeds=2",
+        "--methods=vanilla,mask",
+        "--optimizer=sgd",
+        "--learning-rate=0.01",
+        "--mask-weight-decay=0",
+        f"--out={out}",
+    )
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["optimizer"] == "sgd" and config["mask_weight_decay"] == 0.0
+    assert config["train"]["2parity"]["optimizer"] == "sgd"
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    for r in records:
+        assert r["optimizer"] == "sgd" and r["mask_weight_decay"] == 0.0 and r["learning_rate"] == 0.01
+    mask = [r for r in records if r["method"] == "mask"]
+    assert all(len(r["mask_change_open_mean"]) == len(r["drift_steps"]) for r in mask)
+    assert not any("mask_change_open_mean" in r for r in records if r["method"] == "vanilla")

@@ -1,0 +1,57 @@
+"""One summary of Boolean runs kept in several folders: python -m experiments.summarize DIR [DIR ...] --out=FILE
+
+A sweep too long for one sitting is split by task or seed range into folders; this reads their
+results.jsonl and writes the summary.md every Boolean run writes (mean +- std beside the MDI, seeds
+above the MDI with Fisher's exact test against vanilla, per-seed tables), headed by each folder's
+commit. --by adds keys to group on (optimizer, mask_weight_decay, ...). The same (group, seed) in two
+folders is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from experiments.boolean import summary_markdown
+from experiments.cli import Parser, UserError, name_list, run_main
+from maskjax import report
+from maskjax.studies import boolean as study
+from maskjax.tasks.boolean import get_task
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.summarize", description=__doc__.splitlines()[0])
+    p.add_argument("dirs", type=Path, nargs="+", help="results folders holding results.jsonl")
+    p.add_argument("--out", type=Path, required=True, help="the markdown file to write")
+    p.add_argument("--by", type=name_list, default=["task", "method"], help="record keys to group on")
+    p.add_argument("--title", default="Boolean GOTU study", help="the page's heading")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    records, sources = [], []
+    for folder in args.dirs:
+        path = folder / "results.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path} does not exist")
+        found = report.read_jsonl(path)
+        commits = sorted({r.get("git_commit", "?")[:7] for r in found})
+        sources.append(f"- `{folder}`: {len(found)} records, commit {', '.join(commits)}")
+        records += found
+    missing = sorted({k for r in records for k in args.by if k not in r})
+    if missing:
+        raise UserError(f"records lack the grouping keys {', '.join(missing)}")
+    keys = [(tuple(str(r[k]) for k in args.by), r["seed"]) for r in records]
+    if len(set(keys)) != len(keys):
+        raise UserError("the same group and seed appear twice in these folders")
+    reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
+    body = summary_markdown(records, reference, tuple(args.by))
+    report.write_atomic(args.out, f"# {args.title}\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body)
+    print(body, end="")
+    print(f"written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
