@@ -132,7 +132,8 @@ def plot_mask(path: Path, task, config: study.ArithmeticConfig) -> None:
 def write_outputs(out: Path, records: list[dict]) -> str:
     report.write_jsonl(out / "results.jsonl", records)
     table = report.summary_table(records, KEYS, GROUPS)
-    report.write_atomic(out / "summary.md", "# Low-data arithmetic study\n\n" + table)
+    seeds = report.per_seed_table(records, "seq_acc", GROUPS)
+    report.write_atomic(out / "summary.md", f"# Low-data arithmetic study\n\n{table}\n{seeds}")
     return table
 
 

@@ -76,8 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         records = [{**r, "config": resolved, **env} for r in batch]
         report.write_jsonl(out / "results.jsonl", records)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    table = report.summary_table(records, KEYS, ("open_value", "closed_value"))
-    report.write_atomic(out / "summary.md", f"# Contrast sweep: {task.name}, {method.name}\n\n" + table)
+    groups = ("open_value", "closed_value")
+    table = report.summary_table(records, KEYS, groups)
+    counts = report.count_table(records, [study.mdi_record(task)], groups)
+    seeds = report.per_seed_table(records, "acc_all", groups)
+    page = f"# Contrast sweep: {task.name}, {method.name}\n\n{table}\nSeeds above the MDI:\n\n{counts}\n{seeds}"
+    report.write_atomic(out / "summary.md", page)
     plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")
     print(table, end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, contrast.png)", file=sys.stderr)

@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             records += [{**r, "config": resolved, **env} for r in batch]
             report.write_jsonl(args.out / "results.jsonl", records)
     table = report.summary_table(records, KEYS, ("task", "train_fraction"))
-    report.write_atomic(args.out / "summary.md", "# Interaction patterns found from the data\n\n" + table)
+    seeds = report.per_seed_table(records, "recovered", ("task", "train_fraction"))
+    report.write_atomic(args.out / "summary.md", f"# Interaction patterns found from the data\n\n{table}\n{seeds}")
     report.plot_curves(
         [{**r, "rule": "finite differences"} for r in records],
         args.out / "recovery.png",

@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from maskjax import report
+
+
+def test_fisher_and_sign_tests_match_hand_computed_values():
+    # 3/8 against 0/8: the tables as or more extreme have hypergeometric mass 0.1 on each side.
+    assert report.fisher_p(3, 8, 0, 8) == pytest.approx(0.2)
+    assert report.fisher_p(4, 8, 4, 8) == pytest.approx(1.0)
+    # 7 of 8 pairs one way: 2 * (C(8,7) + C(8,8)) / 2**8.
+    assert report.sign_test_p([1.0] * 7 + [-1.0]) == pytest.approx(18 / 256)
+    assert report.sign_test_p([0.0, 0.0]) == 1.0 and report.sign_test_p([1.0, 0.0]) == pytest.approx(1.0)
+
+
+def run(task, method, seed, acc):
+    return {"task": task, "method": method, "seed": seed, "acc_all": acc, "diverged": acc is None}
+
+
+RECORDS = [
+    *[run("majority3", "vanilla", s, 0.875) for s in range(8)],
+    *[run("majority3", "mask", s, 1.0 if s < 3 else 0.875) for s in range(8)],
+]
+MDI = [{"task": "majority3", "method": "mdi", "acc_all": 0.875}]
+
+
+def test_count_table_counts_seeds_above_the_mdi_with_fishers_test_against_vanilla():
+    table = report.count_table(RECORDS, MDI)
+    assert "| majority3 | vanilla | 8 | 0/8 | 0/8 | - |" in table
+    assert "| majority3 | mask | 8 | 3/8 | 3/8 | 0.2 |" in table
+
+
+def test_per_seed_table_has_a_column_per_seed_and_marks_diverged_runs():
+    records = [*RECORDS[:8], run("majority3", "mask", 0, None)]
+    table = report.per_seed_table(records, "acc_all", ("task", "method"))
+    assert "| task | method | seed 0 | seed 1 |" in table
+    assert "| majority3 | vanilla | 87.50 | 87.50 |" in table
+    assert "| majority3 | mask | diverged | - |" in table
+
+
+def write(folder, records):
+    folder.mkdir()
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, tmp_path):
+    write(tmp_path / "a", [{**r, "git_commit": "aaaaaaa1"} for r in RECORDS[:8]])
+    write(tmp_path / "b", [{**r, "git_commit": "bbbbbbb2"} for r in RECORDS[8:]])
+    out = tmp_path / "summary.md"
+    result = cli("experiments.summarize", str(tmp_path / "a"), str(tmp_path / "b"), f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    page = out.read_text()
+    assert "commit aaaaaaa" in page and "commit bbbbbbb" in page
+    assert "| majority3 | mask | 8 | 3/8 | 3/8 | 0.2 |" in page and "| majority3 | mdi |" in page
+    again = cli("experiments.summarize", str(tmp_path / "a"), str(tmp_path / "a"), f"--out={out}")
+    assert again.returncode == 2 and "twice" in again.stderr and "Traceback" not in again.stderr
+    missing = cli("experiments.summarize", str(tmp_path / "nope"), f"--out={out}")
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
