@@ -117,7 +117,7 @@ def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple
     Fisher's exact test against vanilla, and per-seed tables: the body of every Boolean summary.md."""
     parts = [
         report.summary_table(reference + records, KEYS, group_by),
-        "Seeds above the task's MDI in acc_all:\n\n" + report.count_table(records, reference, group_by),
+        "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + report.count_table(records, reference, group_by),
         *[report.per_seed_table(records, key, group_by) for key in SEED_KEYS],
     ]
     return "\n".join(parts)

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     table = report.summary_table(records, KEYS, groups)
     counts = report.count_table(records, [study.mdi_record(task)], groups)
     seeds = report.per_seed_table(records, "acc_all", groups)
-    page = f"# Contrast sweep: {task.name}, {method.name}\n\n{table}\nSeeds above the MDI:\n\n{counts}\n{seeds}"
+    title = f"# Contrast sweep: {task.name}, {method.name}"
+    page = f"{title}\n\n{table}\nSeeds that reach / exceed the MDI:\n\n{counts}\n{seeds}"
     report.write_atomic(out / "summary.md", page)
     plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")
     print(table, end="")
