@@ -57,3 +57,14 @@ def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, tmp_path):
     assert again.returncode == 2 and "twice" in again.stderr and "Traceback" not in again.stderr
     missing = cli("experiments.summarize", str(tmp_path / "nope"), f"--out={out}")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_compare_reports_equal_and_differing_runs_and_strict_fails_on_a_difference(cli, tmp_path):
+    write(tmp_path / "old", RECORDS)
+    changed = [dict(r) for r in RECORDS]
+    changed[9]["acc_all"] = 0.5
+    write(tmp_path / "new", changed)
+    same = cli("experiments.compare", str(tmp_path / "old"), str(tmp_path / "old"), "--keys=acc_all", "--strict")
+    assert same.returncode == 0 and "| majority3 | mask | 8 | 8/8, 0 |" in same.stdout
+    differ = cli("experiments.compare", str(tmp_path / "old"), str(tmp_path / "new"), "--keys=acc_all", "--strict")
+    assert differ.returncode == 1 and "| majority3 | mask | 8 | 7/8, 0.5 |" in differ.stdout
