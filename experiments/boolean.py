@@ -35,6 +35,7 @@ from maskjax.train import OPTIMIZERS
 
 MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim", "dtype")
 GRADIENT_KEYS = ("grad_norm_mask", "grad_norm_qk")
+CHANGE_KEYS = ("mask_change_open_mean", "mask_change_closed_mean", "mask_change_closed_max")
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 
@@ -164,14 +165,20 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(checkpoints.directory, ignore_errors=True)
         if maps:
             plot_task(out, task, config, maps)
-            task_records = [r for r in records if r.get("task") == task.name]
-            report.plot_drift(task_records, out / f"drift_{task.name}.png")
-            report.plot_drift(task_records, out / f"gradients_{task.name}.png", GRADIENT_KEYS, log=True)
+            plot_probes(out, task.name, [r for r in records if r.get("task") == task.name])
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0
+
+
+def plot_probes(out: Path, task_name: str, task_records: list[dict]) -> None:
+    """drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
+    report.plot_drift(task_records, out / f"drift_{task_name}.png")
+    report.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
+    if any("mask_change_open_mean" in r for r in task_records):
+        report.plot_drift(task_records, out / f"mask_change_{task_name}.png", CHANGE_KEYS, log=True)
 
 
 def plot_task(out: Path, task, config: study.BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:

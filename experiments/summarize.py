@@ -4,7 +4,8 @@ A sweep too long for one sitting is split by task or seed range into folders; th
 results.jsonl and writes the summary.md every Boolean run writes (mean +- std beside the MDI, seeds
 above the MDI with Fisher's exact test against vanilla, per-seed tables), headed by each folder's
 commit. --by adds keys to group on (optimizer, mask_weight_decay, ...). The same (group, seed) in two
-folders is refused.
+folders is refused. --plots also writes accuracy.png and the probe plots of every task (drift_TASK.png,
+gradients_TASK.png, mask_change_TASK.png) beside --out.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.boolean import summary_markdown
+from experiments.boolean import plot_probes, summary_markdown
 from experiments.cli import Parser, UserError, name_list, run_main
 from maskjax import report
 from maskjax.studies import boolean as study
@@ -24,12 +25,14 @@ def parse_args(argv: list[str] | None):
     p.add_argument("dirs", type=Path, nargs="+", help="results folders holding results.jsonl")
     p.add_argument("--out", type=Path, required=True, help="the markdown file to write")
     p.add_argument("--by", type=name_list, default=["task", "method"], help="record keys to group on")
+    p.add_argument("--plots", action="store_true", help="write the accuracy and probe plots beside --out")
     p.add_argument("--title", default="Boolean GOTU study", help="the page's heading")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    report.ensure_writable_dir(args.out.parent)
     records, sources = [], []
     for folder in args.dirs:
         path = folder / "results.jsonl"
@@ -48,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
     body = summary_markdown(records, reference, tuple(args.by))
     report.write_atomic(args.out, f"# {args.title}\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body)
+    if args.plots:
+        report.plot_accuracy(reference + records, args.out.parent / "accuracy.png")
+        for task in dict.fromkeys(r["task"] for r in records):
+            plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
     print(body, end="")
     print(f"written to {args.out}", file=sys.stderr)
     return 0

@@ -261,7 +261,7 @@ def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: s
     _save(fig, path)
 
 
-DRIFT_KEYS = ("attention_drift", "prior_logit_drift")
+DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
 
 
 def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False) -> None:
@@ -274,13 +274,17 @@ def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_
 
     records = [r for r in records if r.get("drift_steps")]
     methods = list(dict.fromkeys(r["method"] for r in records))
-    layers = len(records[0][keys[0]][0]) if records else 0
-    fig, axes = plt.subplots(len(keys), max(layers, 1), figsize=(3.6 * max(layers, 1), 3.0 * len(keys)), squeeze=False)
+    keys = [k for k in keys if any(k in r for r in records)]
+    layers = len(next(r[keys[0]][0] for r in records if keys[0] in r)) if keys else 0
+    rows = max(len(keys), 1)
+    fig, axes = plt.subplots(rows, max(layers, 1), figsize=(3.6 * max(layers, 1), 3.0 * rows), squeeze=False)
     for row, key in enumerate(keys):
         for layer in range(layers):
             ax = axes[row][layer]
             for method in methods:
-                runs = [r for r in records if r["method"] == method]
+                runs = [r for r in records if r["method"] == method and key in r]
+                if not runs:
+                    continue
                 values = np.asarray([[step[layer] for step in r[key]] for r in runs], np.float64)
                 steps = runs[0]["drift_steps"]
                 ax.plot(steps, values.mean(0), label=method)
