@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{task.name} {fraction:g}: recovered in {sum(r['recovered'] for r in batch)}/{len(seeds)} seeds")
             records += [{**r, "config": resolved, **env} for r in batch]
             report.write_jsonl(args.out / "results.jsonl", records)
-    table = report.summary_table(records, KEYS, ("task", "train_fraction"))
-    seeds = report.per_seed_table(records, "recovered", ("task", "train_fraction"))
-    report.write_atomic(args.out / "summary.md", f"# Interaction patterns found from the data\n\n{table}\n{seeds}")
+    table = write_summary(args.out, records)
     report.plot_curves(
         [{**r, "rule": "finite differences"} for r in records],
         args.out / "recovery.png",
@@ -96,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table, end="")
     print(f"results in {args.out}/ (results.jsonl, summary.md, config.json, recovery.png)", file=sys.stderr)
     return 0
+
+
+def write_summary(out: Path, records: list[dict]) -> str:
+    """summary.md: mean +- std per task and fraction, and the recovery per seed."""
+    table = report.summary_table(records, KEYS, ("task", "train_fraction"))
+    seeds = report.per_seed_table(records, "recovered", ("task", "train_fraction"))
+    report.write_atomic(out / "summary.md", f"# Interaction patterns found from the data\n\n{table}\n{seeds}")
+    return table
 
 
 if __name__ == "__main__":
