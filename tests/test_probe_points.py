@@ -57,7 +57,7 @@ def test_region_means_weight_each_region_by_its_share_of_the_cube():
     np.testing.assert_allclose(out["seen"], seen_mean, rtol=1e-5)
     np.testing.assert_allclose(out["unseen"], unseen_mean, rtol=1e-5)
     np.testing.assert_allclose(out["all"], 0.75 * seen_mean + 0.25 * unseen_mean, rtol=1e-5)
-    np.testing.assert_allclose(study.region_weighted(values, seen, 0.75), out["all"], rtol=1e-5)
+    np.testing.assert_allclose(probes.region_weighted(values, seen, 0.75), out["all"], rtol=1e-5)
 
 
 def test_mask_logit_change_splits_open_and_closed_entries():

@@ -173,12 +173,6 @@ def mask_logits_of(model: GotuTransformer, method: Method, variables: dict) -> j
     return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
 
 
-def region_weighted(values_P: np.ndarray, seen_P: np.ndarray, share: float) -> np.ndarray:
-    """The cube's mean of per-point values measured on `probe_points` (numpy twin of `probes.region_means`)."""
-    weights = np.where(seen_P, share / seen_P.sum(), (1 - share) / (~seen_P).sum())
-    return np.tensordot(weights, np.asarray(values_P, np.float64), axes=1)
-
-
 def drift_probe(
     model: GotuTransformer,
     method: Method,
@@ -427,11 +421,11 @@ class MapPoints:
 
     def mean(self, attention_RPHNN: np.ndarray) -> np.ndarray:
         """Per run, the cube's mean over points and heads: [runs, N, N]."""
-        return np.stack([region_weighted(a.mean(1), self.seen, self.share) for a in attention_RPHNN])
+        return np.stack([probes.region_weighted(a.mean(1), self.seen, self.share) for a in attention_RPHNN])
 
     def error(self, attention_PHNN: np.ndarray, target: np.ndarray) -> float:
         rows = 0.5 * np.abs(np.asarray(attention_PHNN, np.float64) - np.asarray(target, np.float64)).sum(-1)
-        return float(region_weighted(rows.mean(axis=(1, 2)), self.seen, self.share))
+        return float(probes.region_weighted(rows.mean(axis=(1, 2)), self.seen, self.share))
 
 
 def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int], config: BooleanConfig) -> list[float]:
