@@ -1,7 +1,8 @@
 """Drift and gradient probes of finished runs: python -m experiments.probes DIR [DIR ...]
 
 Reads the results.jsonl of Boolean or contrast runs (their per-chunk probes, per layer) and tabulates,
-per task, method, row policy, mask contrast, optimizer and mask weight decay: how far layer 0's
+per task, method, row policy, mask contrast, optimizer and mask weight decay: how well layer 0's
+attention matched the oracle target at init (`pattern_error_init`, total variation), how far layer 0's
 attention moved from init by the end of training (`drift_end`, total variation, the cube's mean; on
 seen and unseen probe points apart), how far the prior's logits moved (`logit_drift_end`), the raw
 change |M_t - M_0| of the mask logits on open and closed entries (mean, layer 0), and the gradient
@@ -22,6 +23,7 @@ from experiments.cli import Parser, run_main
 from maskjax import report
 
 KEYS = (
+    "pattern_error_init",
     "drift_end",
     "drift_end_seen",
     "drift_end_unseen",
@@ -66,6 +68,7 @@ def probe_record(record: dict) -> dict:
         "open": open_value if open_value is not None else "-",
         "closed": record.get("closed_value", "-"),
         "seed": record["seed"],
+        "pattern_error_init": record.get("pattern_error_init"),
         "drift_end": end("attention_drift"),
         "drift_end_seen": end("attention_drift_seen"),
         "drift_end_unseen": end("attention_drift_unseen"),
