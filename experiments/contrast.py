@@ -76,13 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         records = [{**r, "config": resolved, **env} for r in batch]
         report.write_jsonl(out / "results.jsonl", records)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    groups = ("open_value", "closed_value")
-    table = report.summary_table(records, KEYS, groups)
-    counts = report.count_table(records, [study.mdi_record(task)], groups)
-    seeds = report.per_seed_table(records, "acc_all", groups)
-    title = f"# Contrast sweep: {task.name}, {method.name}"
-    page = f"{title}\n\n{table}\nSeeds that reach / exceed the MDI:\n\n{counts}\n{seeds}"
-    report.write_atomic(out / "summary.md", page)
+    table = write_summary(out, task, method, records)
     plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")
     print(table, end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, contrast.png)", file=sys.stderr)
@@ -102,6 +96,17 @@ def plot_grid(records: list[dict], opens: list[float], closeds: list[float], pat
             if values:
                 grid[i, j] = 100 * np.mean(values)
     report.plot_heatmap(grid, [f"{o:g}" for o in opens], [f"{c:g}" for c in closeds], path, title)
+
+
+def write_summary(out: Path, task, method, records: list[dict]) -> str:
+    """summary.md: mean +- std per contrast, the seeds that reach / exceed the MDI, the values per seed."""
+    groups = ("open_value", "closed_value")
+    table = report.summary_table(records, KEYS, groups)
+    counts = report.count_table(records, [study.mdi_record(task)], groups)
+    seeds = report.per_seed_table(records, "acc_all", groups)
+    title = f"# Contrast sweep: {task.name}, {method.name}"
+    report.write_atomic(out / "summary.md", f"{title}\n\n{table}\nSeeds that reach / exceed the MDI:\n\n{counts}\n{seeds}")
+    return table
 
 
 if __name__ == "__main__":
