@@ -104,8 +104,8 @@ def write_summary(out: Path, task, method, records: list[dict]) -> str:
     table = report.summary_table(records, KEYS, groups)
     counts = report.count_table(records, [study.mdi_record(task)], groups)
     seeds = report.per_seed_table(records, "acc_all", groups)
-    title = f"# Contrast sweep: {task.name}, {method.name}"
-    report.write_atomic(out / "summary.md", f"{title}\n\n{table}\nSeeds that reach / exceed the MDI:\n\n{counts}\n{seeds}")
+    page = f"# Contrast sweep: {task.name}, {method.name}\n\n{table}\n"
+    report.write_atomic(out / "summary.md", f"{page}Seeds that reach / exceed the MDI:\n\n{counts}\n{seeds}")
     return table
 
 
