@@ -12,7 +12,11 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
         {
             **record,
             "attention_drift": [[0.0, 0.0], [0.02, 0.5]],
+            "attention_drift_unseen": [[0.0, 0.0], [0.01, 0.4]],
             "prior_logit_drift": [[0.0, 0.0], [0.07, 0.07]],
+            "mask_change_open_mean": [[0.0, 0.0], [0.08, 0.08]],
+            "optimizer": "sgd",
+            "mask_weight_decay": 0.0,
             "grad_norm_mask": [[2e-5, 4e-5], [1e-5, 3e-5]],
             "grad_norm_qk": [[0.2, 0.4], [0.1, 0.3]],
         },
@@ -39,10 +43,10 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
     assert result.returncode == 0, result.stderr
     text = (run / "probes.md").read_text()
     sigmoid = 1 / (1 + math.exp(10))
-    row = "| 2parity | mask | - | 10.0 | -10.0 | 1 | 0 | 0.02 | 0.07 | 3e-05 | 2e-05 | 0.3 | 0.2 | 0.0001 |"
-    assert f"{row} {sigmoid:.4g} |" in text
-    assert "| 2parity | qk_svd | - | - | - | 1 | 0 | 0.1 | 0.4 | 0 | 0 | 1 | 2 | - | - |" in text
-    assert "| 2parity | vanilla | - | - | - | 1 | 0 | 0.3 | 0.2 | - | - | - | - | - | - |" in text
+    row = "| 2parity | mask | - | 10.0 | -10.0 | sgd | 0.0 | 1 | 0 | - | 0.02 | - | 0.01 | 0.07 | 0.08 | - |"
+    assert f"{row} 3e-05 | 2e-05 | 0.3 | 0.2 | 0.0001 | {sigmoid:.4g} |" in text
+    assert "| 2parity | qk_svd | - | - | - | adam | - | 1 | 0 | - | 0.1 | - | - | 0.4 | - | - | 0 | 0 | 1 | 2 |" in text
+    assert "| 2parity | vanilla | - | - | - | adam | - | 1 | 0 | - | 0.3 | - | - | 0.2 | - | - | - | - |" in text
     assert json.loads((run / "results.jsonl").read_text().splitlines()[0])["seed"] == 0
 
 
