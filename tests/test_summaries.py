@@ -68,3 +68,14 @@ def test_compare_reports_equal_and_differing_runs_and_strict_fails_on_a_differen
     assert same.returncode == 0 and "| majority3 | mask | 8 | 8/8, 0 |" in same.stdout
     differ = cli("experiments.compare", str(tmp_path / "old"), str(tmp_path / "new"), "--keys=acc_all", "--strict")
     assert differ.returncode == 1 and "| majority3 | mask | 8 | 7/8, 0.5 |" in differ.stdout
+
+
+def test_persistence_pairs_each_run_with_the_mask_of_the_same_seed(cli, tmp_path):
+    def drifted(method, seed, value):
+        return {"task": "2parity", "method": method, "seed": seed, "attention_drift": [[0.0], [value]]}
+
+    records = [drifted("mask", s, 0.02) for s in range(8)] + [drifted("qk_svd", s, 0.1 + s) for s in range(8)]
+    write(tmp_path / "run", records)
+    result = cli("experiments.persistence", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "| 2parity | adam | - | qk_svd | 8 | 8/8 | 0.00781 |" in result.stdout
