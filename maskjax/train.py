@@ -1,7 +1,7 @@
 """One training loop for every experiment.
 
 `init_run` and `loss` describe ONE run; `train` stacks runs along a leading axis with
-`jax.vmap`, compiles once with `jax.jit`, and runs steps in `lax.scan` chunks. Each run draws
+`jax.vmap`, compiles once with `jax.jit`, and runs steps in `lax.fori_loop` chunks. Each run draws
 its batches on device from its own data key and the step number, so a run is deterministic and
 its result does not depend on which other runs share its batch.
 """
