@@ -42,7 +42,7 @@ def mask_logit_change(initial: jax.Array, current: jax.Array) -> dict[str, jax.A
     closed = (initial < 0).reshape(initial.shape[0], -1)
     out = {}
     for kind, where in (("open", ~closed), ("closed", closed)):
-        count = where.sum(-1)
-        out[f"mask_change_{kind}_mean"] = jnp.where(where, change, 0).sum(-1) / jnp.maximum(count, 1)
-        out[f"mask_change_{kind}_max"] = jnp.where(where, change, 0).max(-1)
+        kept = jnp.where(where, change, 0)
+        out[f"mask_change_{kind}_mean"] = kept.sum(-1) / jnp.maximum(where.sum(-1), 1)
+        out[f"mask_change_{kind}_max"] = kept.max(-1)
     return out

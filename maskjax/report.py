@@ -177,7 +177,6 @@ def count_table(
     method's in the same group otherwise. "Reach" and "above" allow half a percentage point either
     way (MDI_MARGIN): a run at 87.503% has not left an 87.5% plateau."""
     mdi = {r["task"]: r[key] for r in reference}
-    tol = MDI_MARGIN
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if "seed" in r and r["task"] in mdi:
@@ -186,8 +185,8 @@ def count_table(
     def counts(rows: list[dict]) -> tuple[int, int, int, int]:
         scored = [v for v in (r.get(key) for r in rows) if v is not None]
         level = mdi[rows[0]["task"]]
-        reach = sum(v >= level - tol for v in scored)
-        above = sum(v > level + tol for v in scored)
+        reach = sum(v >= level - MDI_MARGIN for v in scored)
+        above = sum(v > level + MDI_MARGIN for v in scored)
         return len(rows), reach, above, sum(v >= 1 - 1e-9 for v in scored)
 
     def others(group: tuple) -> tuple:

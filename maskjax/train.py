@@ -60,7 +60,7 @@ def variables_of(params: PyTree, constants: PyTree) -> dict:
     return {"params": params, "constants": constants} if constants else {"params": params}
 
 
-def is_mask_logits(path: tuple, _leaf: Any = None) -> bool:
+def is_mask_logits(path: tuple) -> bool:
     """Whether a parameter's key path names an attention mask's logits."""
     return any(getattr(key, "key", None) == "mask_logits" for key in path)
 
