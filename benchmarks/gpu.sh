@@ -17,3 +17,9 @@ timeout 60 "$py" -m benchmarks.train_step --preset=paper --seeds=8 --steps=10 --
     | tee "$out/train_step_paper_bf16.txt"
 timeout 240 "$py" -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
     --out="$out/boolean_paper_2parity" 2>&1 | tee "$out/boolean_paper_2parity.log"
+# The vision study at the paper preset (ViT-Tiny, 200 epochs) needs CIFAR-10 on the machine: set
+# CIFAR_DIR to the unpacked python version (cifar-10-batches-py). Hours, not minutes: run it alone.
+if [ -n "${CIFAR_DIR:-}" ]; then
+    "$py" -m experiments.vision --dataset=cifar10 --data-dir="$CIFAR_DIR" --preset=paper --seeds=1 \
+        --methods=vanilla,mask,mimetic,impulse --out="$out/vision_paper_cifar10" 2>&1 | tee "$out/vision_paper_cifar10.log"
+fi

@@ -9,26 +9,24 @@ mask_OP.png (the place-value prior of each op) to --out; results are rewritten a
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import sys
 from pathlib import Path
 
 from experiments.cli import (
     Parser,
     add_run_control,
-    batch_checkpoints,
     fraction_list,
     name_list,
     positive_float,
     positive_int,
-    prepare_out,
     progress,
+    run_control,
     run_main,
 )
 from maskjax import report
 from maskjax.methods import METHODS, get_method
 from maskjax.studies import arithmetic as study
+from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks.arithmetic import FORMATS, OPERAND_DIGITS, OPS
 
 KEYS = ("seq_acc", "token_acc", "train_loss")
@@ -85,31 +83,21 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         **dataclasses.asdict(config),
     }
-    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
     out = args.out
-    env = report.environment()
-    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
-    meta = {"config": resolved, **env}
-    for task in tasks:
+
+    def batch(task, fraction: float, method) -> BatchSpec:
+        def train(checkpoints, resume: bool) -> list[dict]:
+            return study.run_batch(task, method, fraction, seeds, config, progress, checkpoints, resume)
+
+        fields = {"op": task.op, "train_fraction": fraction, "method": method.name}
+        return BatchSpec(f"{task.op}_{fraction:g}_{method.name}", fields, len(seeds), train)
+
+    def plot(spec: BatchSpec, _: list[dict]) -> None:
+        task = next(t for t in tasks if t.op == spec.fields["op"])
         plot_mask(out / f"mask_{task.op}.png", task, config)
-    for task in tasks:
-        for fraction in args.train_fractions:
-            for method in methods:
-                done = [
-                    r
-                    for r in records
-                    if (r["op"], r["train_fraction"], r["method"]) == (task.op, fraction, method.name)
-                ]
-                if len(done) == len(seeds):
-                    progress(f"{task.op} {fraction:g} {method.name}: already in {out / 'results.jsonl'}, skipped")
-                    continue
-                name = f"{task.op}_{fraction:g}_{method.name}"
-                checkpoints = batch_checkpoints(out, name, {"config": resolved, "batch": name}, args)
-                batch = study.run_batch(task, method, fraction, seeds, config, progress, checkpoints, args.resume)
-                records += [{**r, **meta} for r in batch]
-                write_outputs(out, records)
-                shutil.rmtree(checkpoints.directory, ignore_errors=True)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+    specs = [batch(t, f, m) for t in tasks for f in args.train_fractions for m in methods]
+    records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
     report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, seq_acc.png, mask_*.png)", file=sys.stderr)

@@ -8,8 +8,6 @@ config.json and PNG plots to --out; results are rewritten atomically after every
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,18 +16,18 @@ import numpy as np
 from experiments.cli import (
     Parser,
     add_run_control,
-    batch_checkpoints,
     name_list,
     non_negative_float,
     positive_float,
     positive_int,
-    prepare_out,
     progress,
+    run_control,
     run_main,
 )
 from maskjax import priors, report
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
+from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks.boolean import TASKS
 from maskjax.train import OPTIMIZERS
 
@@ -145,28 +143,28 @@ def main(argv: list[str] | None = None) -> int:
         "steps": {t.name: config.train_config(t).steps for t in tasks},
         "train": {t.name: dataclasses.asdict(config.train_config(t)) for t in tasks},
     }
-    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
     out = args.out
-    env = report.environment()
-    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
-    meta = {"config": resolved, **env}
     reference = [study.mdi_record(t) for t in tasks]
-    for task in tasks:
-        maps = {}
-        for method in methods:
-            if sum(r["task"] == task.name and r["method"] == method.name for r in records) == len(seeds):
-                progress(f"{task.name} {method.name}: already in {out / 'results.jsonl'}, skipped")
-                continue
-            name = f"{task.name}_{method.name}"
-            checkpoints = batch_checkpoints(out, name, {"config": resolved, "batch": name}, args)
-            batch, maps[method.name] = study.run_batch(task, method, seeds, config, progress, checkpoints, args.resume)
-            records += [{**r, **meta} for r in batch]
-            write_outputs(out, records, reference)
-            shutil.rmtree(checkpoints.directory, ignore_errors=True)
-        if maps:
-            plot_task(out, task, config, maps)
-            plot_probes(out, task.name, [r for r in records if r.get("task") == task.name])
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    maps: dict[str, dict[str, dict[str, np.ndarray]]] = {t.name: {} for t in tasks}
+
+    def batch(task, method) -> BatchSpec:
+        def train(checkpoints, resume: bool) -> list[dict]:
+            records, maps[task.name][method.name] = study.run_batch(
+                task, method, seeds, config, progress, checkpoints, resume
+            )
+            return records
+
+        return BatchSpec(f"{task.name}_{method.name}", {"task": task.name, "method": method.name}, len(seeds), train)
+
+    def plot(spec: BatchSpec, records: list[dict]) -> None:
+        task = next(t for t in tasks if t.name == spec.fields["task"])
+        plot_task(out, task, config, maps[task.name])
+        plot_probes(out, task.name, [r for r in records if r.get("task") == task.name])
+
+    specs = [batch(task, method) for task in tasks for method in methods]
+    records = run_sweep(
+        out, resolved, specs, lambda o, r: write_outputs(o, r, reference), run_control(args), progress, plot
+    )
     report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)

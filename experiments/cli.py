@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import jax
 import numpy as np
 
-from maskjax import report
-from maskjax.checkpoint import SweepCheckpoints
+from maskjax.sweep import RunControl
 
 
 class UserError(Exception):
@@ -122,39 +118,6 @@ def add_run_control(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace results of a different config in --out")
 
 
-def prepare_out(out: Path, config: dict, resume: bool, overwrite: bool) -> list[dict]:
-    """Check --out against the config it holds; return the records a resumed run keeps.
-
-    A folder with results of another config is refused unless --overwrite; --resume needs a
-    folder written by the same config. `config` excludes the environment (commit, devices).
-    """
-    out = report.ensure_writable_dir(out)
-    config_path, results_path = out / "config.json", out / "results.jsonl"
-    held = None
-    if config_path.exists():
-        try:
-            held = {k: v for k, v in json.loads(config_path.read_text()).items() if k != "environment"}
-        except (OSError, json.JSONDecodeError):
-            raise UserError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
-    same = held == json.loads(json.dumps(config, default=str))
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite exclude each other")
-    if resume:
-        if held is None:
-            raise UserError(f"nothing to resume in {out}: no config.json from an earlier run")
-        if not same:
-            raise UserError(f"cannot resume: {out} holds a run of a different config")
-        return report.read_jsonl(results_path) if results_path.exists() else []
-    if held is not None and not same and not overwrite:
-        raise UserError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
-    if overwrite:
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
-    return []
-
-
-def batch_checkpoints(out: Path, name: str, fingerprint: dict, args: argparse.Namespace) -> SweepCheckpoints:
-    """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
-    directory = out / "checkpoints" / name
-    if not args.resume:
-        shutil.rmtree(directory, ignore_errors=True)
-    return SweepCheckpoints(directory, fingerprint, args.checkpoint_every)
+def run_control(args: argparse.Namespace) -> RunControl:
+    """The sweep's folder policy from the flags of `add_run_control`."""
+    return RunControl(args.checkpoint_every, args.resume, args.overwrite)

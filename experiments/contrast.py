@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from experiments.boolean import add_config_flags, resolve_config
-from experiments.cli import Parser, batch_checkpoints, float_list, prepare_out, progress, run_main
+from experiments.cli import Parser, float_list, progress, run_control, run_main
 from maskjax import report
 from maskjax.studies import boolean as study
+from maskjax.sweep import BatchSpec, run_sweep
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
@@ -56,26 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         "steps": config.train_config(task).steps,
         "train": dataclasses.asdict(config.train_config(task)),
     }
-    records = prepare_out(args.out, resolved, args.resume, args.overwrite)
     out = args.out
-    env = report.environment()
-    report.write_atomic(out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
-    if len(records) != len(runs):
+
+    def train(checkpoints, resume: bool) -> list[dict]:
         progress(f"{task.name} {method.name}: {len(grid)} contrasts x {args.seeds} seeds = {len(runs)} runs, one batch")
-        checkpoints = batch_checkpoints(out, "grid", {"config": resolved}, args)
-        batch, _ = study.run_batch(
-            task,
-            method,
-            [seed for _, _, seed in runs],
-            config,
-            progress,
-            checkpoints,
-            args.resume,
-            mask_values=[(o, c) for o, c, _ in runs],
-        )
-        records = [{**r, "config": resolved, **env} for r in batch]
-        report.write_jsonl(out / "results.jsonl", records)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        seeds = [seed for _, _, seed in runs]
+        values = [(o, c) for o, c, _ in runs]
+        return study.run_batch(task, method, seeds, config, progress, checkpoints, resume, mask_values=values)[0]
+
+    grid_batch = BatchSpec("grid", {"task": task.name, "method": method.name}, len(runs), train)
+    records = run_sweep(out, resolved, [grid_batch], write_jsonl, run_control(args), progress)
     table = write_summary(out, task, method, records)
     plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")
     print(table, end="")
@@ -96,6 +85,10 @@ def plot_grid(records: list[dict], opens: list[float], closeds: list[float], pat
             if values:
                 grid[i, j] = 100 * np.mean(values)
     report.plot_heatmap(grid, [f"{o:g}" for o in opens], [f"{c:g}" for c in closeds], path, title)
+
+
+def write_jsonl(out: Path, records: list[dict]) -> None:
+    report.write_jsonl(out / "results.jsonl", records)
 
 
 def write_summary(out: Path, task, method, records: list[dict]) -> str:

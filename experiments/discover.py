@@ -8,14 +8,14 @@ writes results.jsonl, summary.md, config.json and recovery.png.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from experiments.cli import Parser, fraction_list, name_list, positive_int, prepare_out, progress, run_main
+from experiments.cli import Parser, fraction_list, name_list, positive_int, progress, run_main
 from maskjax import discover, priors, report
+from maskjax.sweep import RunControl, open_sweep
 from maskjax.tasks.boolean import TASKS, cube, get_task
 
 KEYS = ("recovered", "missing_pairs", "extra_pairs", "untested_pairs", "n_train")
@@ -72,15 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds,
         "row_policy": args.row_policy,
     }
-    prepare_out(args.out, resolved, resume=False, overwrite=args.overwrite)
-    env = report.environment()
-    report.write_atomic(args.out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
+    _, meta = open_sweep(args.out, resolved, RunControl(overwrite=args.overwrite))
     records = []
     for task in tasks:
         for fraction in args.fractions:
             batch = [subset_record(task, fraction, seed, args.row_policy) for seed in seeds]
             progress(f"{task.name} {fraction:g}: recovered in {sum(r['recovered'] for r in batch)}/{len(seeds)} seeds")
-            records += [{**r, "config": resolved, **env} for r in batch]
+            records += [{**r, **meta} for r in batch]
             report.write_jsonl(args.out / "results.jsonl", records)
     table = write_summary(args.out, records)
     report.plot_curves(

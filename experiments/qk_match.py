@@ -10,14 +10,14 @@ Writes results.jsonl, summary.md and config.json to --out.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 from experiments.boolean import add_config_flags, resolve_config
-from experiments.cli import Parser, name_list, prepare_out, progress, run_main
+from experiments.cli import Parser, name_list, progress, run_main
 from maskjax import report
 from maskjax.studies import boolean as study
+from maskjax.sweep import RunControl, open_sweep
 from maskjax.tasks.boolean import PAPER_TASKS, TASKS
 
 
@@ -45,16 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     resolved = {"study": "qk_match", "tasks": args.tasks, "methods": args.methods, "seeds": seeds}
     resolved.update(dataclasses.asdict(config))
-    prepare_out(args.out, resolved, resume=False, overwrite=args.overwrite)
-    env = report.environment()
-    report.write_atomic(args.out / "config.json", json.dumps({**resolved, "environment": env}, indent=2) + "\n")
+    _, meta = open_sweep(args.out, resolved, RunControl(overwrite=args.overwrite))
     records = []
     for task in tasks:
         for method in methods:
             errors = study.init_pattern_errors(task, method, seeds, config)
             progress(f"{task.name} {method.name}: pattern_error_init {report.mean_std(errors)}")
-            meta = {"task": task.name, "method": method.name, "config": resolved, **env}
-            records += [{**meta, "seed": s, "pattern_error_init": e} for s, e in zip(seeds, errors, strict=True)]
+            batch = {"task": task.name, "method": method.name, **meta}
+            records += [{**batch, "seed": s, "pattern_error_init": e} for s, e in zip(seeds, errors, strict=True)]
             report.write_jsonl(args.out / "results.jsonl", records)
     table = report.summary_table(records, ["pattern_error_init"], ("task", "method"))
     report.write_atomic(args.out / "summary.md", f"# Pattern match at init ({config.preset})\n\n" + table)

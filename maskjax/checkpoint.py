@@ -1,8 +1,9 @@
-"""Orbax save / restore of a whole sweep batch: every run's state, the step and the loss history.
+"""Orbax save / restore of a whole sweep batch: any pytree of run states, the step and the loss history.
 
-Typed PRNG keys are stored as their raw key data. Orbax writes each checkpoint to a temporary
-folder and renames it when complete, so a kill mid-save leaves the previous checkpoints intact;
-a newest checkpoint that still fails to read is reported and the one before it used.
+Typed PRNG keys (any leaf) are stored as their raw key data and wrapped again on restore. Orbax writes
+each checkpoint to a temporary folder and renames it when complete, so a kill mid-save leaves the
+previous checkpoints intact; a newest checkpoint that still fails to read is reported and the one
+before it used.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from maskjax.train import RunState
-
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: written by another config, or none readable."""
@@ -30,8 +29,18 @@ def _quiet_absl() -> None:
     logging.getLogger("absl").setLevel(logging.CRITICAL)
 
 
-def _to_saveable(state: RunState, history: dict[str, np.ndarray]) -> dict[str, Any]:
-    return {"state": state._replace(data_key=jax.random.key_data(state.data_key)), "history": history}
+def _is_key(leaf: Any) -> bool:
+    return jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
+
+
+def _to_saveable(state: Any, history: dict[str, np.ndarray]) -> dict[str, Any]:
+    raw = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, state)
+    return {"state": raw, "history": history}
+
+
+def _rewrap_keys(raw: Any, like: Any) -> Any:
+    """The restored tree with the leaves that are typed keys in `like` wrapped as keys again."""
+    return jax.tree.map(lambda r, leaf: jax.random.wrap_key_data(r) if _is_key(leaf) else r, raw, like)
 
 
 class SweepCheckpoints:
@@ -63,7 +72,7 @@ class SweepCheckpoints:
             return done // self.every_steps > previous // self.every_steps
         return time.monotonic() - self.last_save >= self.every_seconds
 
-    def save(self, step: int, state: RunState, history: dict[str, np.ndarray]) -> None:
+    def save(self, step: int, state: Any, history: dict[str, np.ndarray]) -> None:
         """history: per name, what the batch has logged so far (losses, probes), runs first."""
         history = {name: np.asarray(v, np.float32) for name, v in history.items()}
         saveable = _to_saveable(state, history)
@@ -75,8 +84,8 @@ class SweepCheckpoints:
         self.last_save = time.monotonic()
 
     def restore_latest(
-        self, like: RunState, log: Callable[[str], None] | None = None
-    ) -> tuple[int, RunState, dict[str, np.ndarray]] | None:
+        self, like: Any, log: Callable[[str], None] | None = None
+    ) -> tuple[int, Any, dict[str, np.ndarray]] | None:
         """(step, state, history) from the newest readable checkpoint, or None if there is none."""
         self.manager.reload()
         for step in sorted(self.manager.all_steps(), reverse=True):
@@ -98,6 +107,6 @@ class SweepCheckpoints:
                 if log is not None:
                     log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
                 continue
-            state = restored["state"]._replace(data_key=jax.random.wrap_key_data(restored["state"].data_key))
+            state = _rewrap_keys(restored["state"], like)
             return int(meta["step"]), state, {name: np.asarray(v) for name, v in restored["history"].items()}
         return None

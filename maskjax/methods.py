@@ -55,6 +55,9 @@ register(Method("mask_zero", "learnable", "zero", description="learnable mask in
 register(Method("qk_svd", qk_init="svd", description="the oracle pattern injected into W_Q, W_K in closed form"))
 register(Method("qk_opt", qk_init="opt", description="W_Q, W_K optimised at init to produce the oracle pattern"))
 register(Method("mimetic", qk_init="mimetic", description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern"))
+register(
+    Method("impulse", qk_init="impulse", description="impulse init: each head's W_Q, W_K set to a shifted identity")
+)
 register(Method("mask_misspecified", "learnable", "misspecified", description="the oracle pattern on the wrong bits"))
 register(
     Method("mask_random", "learnable", "random", description="a random pattern of the oracle's sparsity, per seed")

@@ -81,6 +81,50 @@ def random_pattern(reference: np.ndarray, seed: int) -> np.ndarray:
     return pattern
 
 
+CLS_POLICIES = {
+    "open": "the CLS token sees every patch and itself, and every patch sees the CLS token",
+    "self": "the CLS token sees only itself, and no patch sees it",
+}
+
+
+def locality_pattern(grid: int, radius: int = 1, cls_policy: str | None = None) -> np.ndarray:
+    """The 2D locality prior on a grid x grid patch layout (patches in row-major order): (i, j) open when
+    patches i and j lie within Chebyshev distance `radius` (radius 1: the 3 x 3 neighbourhood, self
+    included). With cls_policy, a CLS token at position 0 follows `CLS_POLICIES[cls_policy]`."""
+    if grid < 1:
+        raise ValueError(f"grid must be >= 1, got {grid}")
+    if radius < 0:
+        raise ValueError(f"locality radius must be >= 0, got {radius}")
+    rows, cols = np.divmod(np.arange(grid * grid), grid)
+    distance = np.maximum(np.abs(rows[:, None] - rows[None, :]), np.abs(cols[:, None] - cols[None, :]))
+    patches = distance <= radius
+    if cls_policy is None:
+        return patches
+    if cls_policy not in CLS_POLICIES:
+        raise ValueError(f"unknown CLS policy {cls_policy!r}; known: {', '.join(CLS_POLICIES)}")
+    open_ = np.zeros((grid * grid + 1,) * 2, bool)
+    open_[1:, 1:] = patches
+    open_[0, 0] = True
+    if cls_policy == "open":
+        open_[0, :] = open_[:, 0] = True
+    return open_
+
+
+def random_rows(reference: np.ndarray, seed: int) -> np.ndarray:
+    """A random pattern with as many open entries in every row as `reference`: each row keeps its
+    diagonal and places the rest uniformly among its other entries."""
+    size = reference.shape[0]
+    rng = np.random.default_rng(seed)
+    pattern = np.eye(size, dtype=bool)
+    for row in range(size):
+        extra = int(reference[row].sum()) - 1
+        if extra < 0:
+            raise ValueError(f"row {row} of the reference pattern has no open entry")
+        others = np.delete(np.arange(size), row)
+        pattern[row, rng.choice(others, size=extra, replace=False)] = True
+    return pattern
+
+
 IMPULSE_OFFSET_ORDER = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 
 
@@ -88,8 +132,8 @@ def impulse_patterns(grid: int, heads: int) -> np.ndarray:
     """Shifted identities on a grid x grid patch layout (Zheng et al.): [heads, grid**2, grid**2] boolean.
 
     Head i attends from patch (r, c) to (r + dr, c + dc), the offset being IMPULSE_OFFSET_ORDER[i mod 9]
-    on the 3 x 3 kernel (4 = centre, the identity). A patch whose target falls off the grid attends to
-    itself, so every row keeps one open entry.
+    on the 3 x 3 kernel (4 = centre, the identity). As in the published code the grid is zero-padded:
+    a patch whose target falls off the grid has no open entry (its row of the QK target is noise only).
     """
     n = grid * grid
     out = np.zeros((heads, n, n), bool)
@@ -99,8 +143,8 @@ def impulse_patterns(grid: int, heads: int) -> np.ndarray:
         for r in range(grid):
             for c in range(grid):
                 rr, cc = r + dr, c + dc
-                inside = 0 <= rr < grid and 0 <= cc < grid
-                out[h, r * grid + c, rr * grid + cc if inside else r * grid + c] = True
+                if 0 <= rr < grid and 0 <= cc < grid:
+                    out[h, r * grid + c, rr * grid + cc] = True
     return out
 
 

@@ -46,3 +46,13 @@ def mask_logit_change(initial: jax.Array, current: jax.Array) -> dict[str, jax.A
         out[f"mask_change_{kind}_mean"] = kept.sum(-1) / jnp.maximum(where.sum(-1), 1)
         out[f"mask_change_{kind}_max"] = kept.max(-1)
     return out
+
+
+def mask_persistence(initial: jax.Array, current: jax.Array) -> dict[str, jax.Array]:
+    """Per leading index (layer): the mean |M_t - M_0| (`mask_change_mean`) and the fraction of entries
+    still on their side of 0 (`mask_sign_kept`; an entry at 0 counts as the open side)."""
+    flat_0, flat_t = initial.reshape(initial.shape[0], -1), current.reshape(current.shape[0], -1)
+    return {
+        "mask_change_mean": jnp.abs(flat_t - flat_0).mean(-1),
+        "mask_sign_kept": ((flat_t >= 0) == (flat_0 >= 0)).mean(-1),
+    }

@@ -10,6 +10,9 @@ initialisation, Trockman & Kolter 2023), not from their code.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,18 +54,20 @@ def svd_qk(
     big: float = 1000.0,
     noise: float = 3.0,
     noise_std: float = 0.6,
+    truncation: float = 2.0,
     qk_scale: float = 7.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Closed-form QK prior: Q_h K_h^T ~ pe+ W_h pe+^T, W_h = big * H_h + noise on the closed entries.
 
-    pattern_HNN is the 0/1 target per head; pe = LN(positions). Q_h, K_h are the top-head_dim SVD
-    factors, each scaled to Frobenius norm qk_scale.
+    pattern_HNN is the 0/1 target per head; pe = LN(positions). The noise is noise_std times a normal
+    truncated at +-truncation standard deviations. Q_h, K_h are the top-head_dim SVD factors, each
+    scaled to Frobenius norm qk_scale.
     """
     pattern_HNN = jnp.asarray(pattern_HNN, jnp.float32)
     pe_pinv = truncated_pinv(layer_norm(positions_ND), head_dim)
 
     def one_head(key: jax.Array, pattern_NN: jax.Array) -> tuple[jax.Array, jax.Array]:
-        jitter = noise_std * jax.random.truncated_normal(key, -2.0, 2.0, pattern_NN.shape)
+        jitter = noise_std * jax.random.truncated_normal(key, -truncation, truncation, pattern_NN.shape)
         target = big * pattern_NN + noise * jitter * (1 - pattern_NN)
         q, k = _top_factors(pe_pinv @ target @ pe_pinv.T, head_dim)
         return qk_scale * q / jnp.linalg.norm(q), qk_scale * k / jnp.linalg.norm(k)
@@ -83,13 +88,31 @@ def mimetic_factors(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Mimetic init: per head A = alpha * U(+-sqrt(3/d))^{d x d} + sign * beta * I, and A ~ Q K^T.
 
-    Returns (Q, K, A): Q, K [d, heads, head_dim], A [heads, d, d]. The published recipe uses
-    alpha = beta = 0.4, sign = -1 for the value / output pair.
+    Returns (Q, K, A): Q, K [d, heads, head_dim], A [heads, d, d]. The value / output pair is one
+    shared matrix instead (`shared_value_output`).
     """
     bound = np.sqrt(3.0 / d)
     a = alpha * jax.random.uniform(key, (heads, d, d), minval=-bound, maxval=bound) + sign * beta * jnp.eye(d)
     q, k = jax.vmap(lambda m: _top_factors(m, head_dim))(a)
     return q.transpose(1, 0, 2), k.transpose(1, 0, 2), a
+
+
+def shared_value_output(
+    key: jax.Array, d: int, heads: int, head_dim: int, *, alpha: float = 0.4, beta: float = 0.4
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The published mimetic value / output init: ONE d x d matrix A = alpha * U(+-sqrt(3/d)) - beta * I
+    for the concatenated heads, factored as W_V W_O = (U sqrt S)(sqrt S V^T). Returns (V [d, heads,
+    head_dim], O [heads, head_dim, d], A); with heads * head_dim > d the extra columns / rows are 0, so
+    W_V W_O = A exactly, and with fewer the product is A's best rank-(heads * head_dim) approximation."""
+    bound = np.sqrt(3.0 / d)
+    a = alpha * jax.random.uniform(key, (d, d), minval=-bound, maxval=bound) - beta * jnp.eye(d)
+    u, s, vt = jnp.linalg.svd(a)
+    width = heads * head_dim
+    left, right = u * jnp.sqrt(s), jnp.sqrt(s)[:, None] * vt
+    if width > d:
+        left = jnp.pad(left, ((0, 0), (0, width - d)))
+        right = jnp.pad(right, ((0, width - d), (0, 0)))
+    return left[:, :width].reshape(d, heads, head_dim), right[:width].reshape(heads, head_dim, d), a
 
 
 def optimised_qk(
@@ -142,7 +165,58 @@ def pattern_error(attention: np.ndarray, target: np.ndarray) -> float:
     return float(0.5 * np.abs(np.asarray(attention, np.float64) - np.asarray(target, np.float64)).sum(-1).mean())
 
 
-QK_INITS = ("default", "svd", "opt", "mimetic")
+QK_INITS = ("default", "svd", "opt", "mimetic", "impulse")
+# The published impulse constants (osiriszjq/structured_initialization, impulse_init): positions x 18,
+# Q and K each of Frobenius norm 7, closed-entry noise 0.6 * N(0, 1) cut at +-2 (absolute).
+IMPULSE_POSITION_SCALE = 18.0
+IMPULSE_QK_SCALE = 7.0
+IMPULSE_TRUNCATION = 2.0 / 0.6
+
+
+def _natural(path: tuple[str, ...]) -> tuple:
+    """Sort key that puts block_2 before block_10."""
+    return tuple(tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)) for name in path)
+
+
+def attention_paths(params: Mapping) -> list[tuple[str, ...]]:
+    """Key paths of every attention module in params (a dict holding a `qkv` kernel), in layer order."""
+    found = []
+
+    def walk(tree: Mapping, path: tuple[str, ...]) -> None:
+        if isinstance(tree.get("qkv"), Mapping) and "kernel" in tree["qkv"]:
+            found.append(path)
+            return
+        for name, child in tree.items():
+            if isinstance(child, Mapping):
+                walk(child, (*path, name))
+
+    walk(params, ())
+    return sorted(found, key=_natural)
+
+
+def position_path(params: Mapping) -> tuple[str, ...]:
+    """The key path of the one learned position embedding, a leaf named `pos_embed` [N, d]."""
+    found = [
+        tuple(getattr(k, "key", k) for k in path)
+        for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+        if getattr(path[-1], "key", None) == "pos_embed"
+    ]
+    if len(found) != 1:
+        raise ValueError(f"expected one learned position embedding named pos_embed, found {len(found)}")
+    return found[0]
+
+
+def _get(tree: Mapping, path: tuple[str, ...]):
+    for name in path:
+        tree = tree[name]
+    return tree
+
+
+def _replaced(tree: Mapping, path: tuple[str, ...], value) -> dict:
+    """A copy of the nested dict with the entry at path set to value (the rest shared, not copied)."""
+    if not path:
+        return value
+    return {**tree, path[0]: _replaced(tree[path[0]], path[1:], value)}
 
 
 def with_qk_prior(
@@ -156,34 +230,42 @@ def with_qk_prior(
     position_scale: float = 5.0,
     qk_scale: float = 5.0,
 ) -> dict:
-    """Params with every block's query / key slices (and, for mimetic, value / output) replaced.
+    """Params with every attention module's query / key slices (and, for mimetic and impulse, value /
+    output) replaced.
 
-    Expects the layout of maskjax models: `block_{i}/attn/qkv/kernel` [d, 3, heads, head_dim],
-    `block_{i}/attn/out/kernel` [heads, head_dim, d] and learned positions `pos_embed` [N, d].
-    svd draws fresh noise per layer; opt solves layer 0 once and reuses it for every layer. Both
-    multiply the positions by position_scale, so that real inputs, LN(token + position), stay close
-    to the content-free pseudo-input LN(position) the prior was built on (the published SVD code
-    rescales its positions too). position_scale = 5 and qk_scale = 5 (the published SVD code: 18 and 7)
-    were set so that the layer-0 pattern matches its target at init on real inputs
+    Finds the attention modules by key path (`attention_paths`: a `qkv/kernel` [d, 3, heads, head_dim]
+    beside an `out/kernel` [heads, head_dim, d]) and the learned positions `pos_embed` [N, d]
+    (`position_path`). svd draws fresh noise per layer; opt solves layer 0 once and reuses it for
+    every layer. Both multiply the positions by position_scale, so that real inputs, LN(token +
+    position), stay close to the content-free pseudo-input LN(position) the prior was built on (the
+    published SVD code rescales its positions too). position_scale = 5 and qk_scale = 5 (the published
+    SVD code: 18 and 7) were set so that the layer-0 pattern matches its target at init on real inputs
     (pattern_error_init <= 0.2 on the Boolean tasks at the quick preset; docs/design.md).
+    impulse is the svd construction with the published constants (IMPULSE_*) on each head's shifted
+    identity (pattern_HNN), and W_V W_O from `shared_value_output`, as its published code does;
+    mimetic sets Q_h K_h^T per head (`mimetic_factors`) and W_V W_O from `shared_value_output`.
     """
     if kind not in QK_INITS:
         raise ValueError(f"unknown Q/K initialisation {kind!r}; known: {', '.join(QK_INITS)}")
     if kind == "default":
         return params
-    blocks = sorted((name for name in params if name.startswith("block_")), key=lambda n: int(n.split("_")[1]))
-    d, _, heads, head_dim = params[blocks[0]]["attn"]["qkv"]["kernel"].shape
-    positions = params["pos_embed"]
+    layers = attention_paths(params)
+    if not layers:
+        raise ValueError("no attention module with a qkv kernel in these parameters")
+    d, _, heads, head_dim = _get(params, layers[0])["qkv"]["kernel"].shape
     new = dict(params)
-    if kind in ("svd", "opt"):
-        positions = position_scale * positions
-        new["pos_embed"] = positions
     solved = None
-    if kind == "opt":
-        solved = optimised_qk(key, target_HNN, layer_norm(positions), head_dim, steps=opt_steps)
-    for i, name in enumerate(blocks):
+    if kind == "impulse":
+        position_scale, qk_scale = IMPULSE_POSITION_SCALE, IMPULSE_QK_SCALE
+    if kind in ("svd", "opt", "impulse"):
+        where = position_path(params)
+        positions = position_scale * _get(params, where)
+        new = _replaced(new, where, positions)
+        if kind == "opt":
+            solved = optimised_qk(key, target_HNN, layer_norm(positions), head_dim, steps=opt_steps)
+    for i, path in enumerate(layers):
         layer_key = jax.random.fold_in(key, i)
-        attn = dict(new[name]["attn"])
+        attn = dict(_get(new, path))
         kernel = attn["qkv"]["kernel"]
         if kind == "svd":
             q, k = svd_qk(layer_key, pattern_HNN, positions, head_dim, qk_scale=qk_scale)
@@ -191,10 +273,15 @@ def with_qk_prior(
             q, k = solved
         else:
             qk_key, vo_key = jax.random.split(layer_key)
-            q, k, _ = mimetic_factors(qk_key, d, heads, head_dim)
-            v, o, _ = mimetic_factors(vo_key, d, heads, head_dim, alpha=0.4, beta=0.4, sign=-1.0)
+            if kind == "impulse":
+                q, k = svd_qk(
+                    qk_key, pattern_HNN, positions, head_dim, truncation=IMPULSE_TRUNCATION, qk_scale=qk_scale
+                )
+            else:
+                q, k, _ = mimetic_factors(qk_key, d, heads, head_dim)
+            v, o, _ = shared_value_output(vo_key, d, heads, head_dim)
             kernel = kernel.at[:, 2].set(v)
-            attn["out"] = {**attn["out"], "kernel": o.transpose(1, 2, 0)}
+            attn["out"] = {**attn["out"], "kernel": o}
         attn["qkv"] = {**attn["qkv"], "kernel": kernel.at[:, 0].set(q).at[:, 1].set(k)}
-        new[name] = {**new[name], "attn": attn}
+        new = _replaced(new, path, attn)
     return new

@@ -162,6 +162,47 @@ def sign_test_p(differences: Sequence[float]) -> float:
     return float(stats.binomtest(plus, plus + minus).pvalue) if plus + minus else 1.0
 
 
+def paired_table(records: Sequence[dict], key: str, reference: str, group_by: Sequence[str]) -> str:
+    """`reference` against every other method, seed by seed, within each group (group_by without
+    "method"): the mean difference in key, wins / losses / ties and the two-sided sign test."""
+    keyed: dict[tuple, dict[str, dict[int, float]]] = {}
+    for r in records:
+        if r.get(key) is None or "seed" not in r:
+            continue
+        group = tuple(r[g] for g in group_by)
+        keyed.setdefault(group, {}).setdefault(r["method"], {})[r["seed"]] = r[key]
+    scale = 100 if is_accuracy(key) else 1
+    header = [*group_by, "method", f"{reference} - method (mean)", "wins / losses / ties", "sign test p"]
+    lines = [
+        f"{reference} against each method, paired by seed ({key}{' in points' if scale == 100 else ''}):",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for group, methods in keyed.items():
+        ours = methods.get(reference, {})
+        for method, theirs in methods.items():
+            seeds = sorted(set(ours) & set(theirs))
+            if method == reference or not seeds:
+                continue
+            diffs = [ours[s] - theirs[s] for s in seeds]
+            wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        *map(str, group),
+                        method,
+                        f"{scale * np.mean(diffs):+.3g}",
+                        f"{wins} / {losses} / {len(diffs) - wins - losses}",
+                        f"{sign_test_p(diffs):.3g}",
+                    ]
+                )
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 MDI_MARGIN = 0.005
 
 

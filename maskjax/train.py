@@ -11,16 +11,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
-
-if TYPE_CHECKING:
-    from maskjax.checkpoint import SweepCheckpoints
 
 PyTree = Any
 
@@ -29,7 +26,8 @@ PyTree = Any
 class TrainConfig:
     """optimizer: "adam" (Adam with L2 decay added to the gradient, the paper's and torch's
     Adam(weight_decay)), "adamw" (decoupled decay) or "sgd" (momentum 0.9, L2 added to the gradient as
-    torch's SGD(weight_decay)); schedule: "constant" or "cosine" (decay to 0 over `steps`).
+    torch's SGD(weight_decay)); schedule: "constant" or "cosine" (decay to 0 over `steps`, after a linear
+    warmup from 0 over `warmup_steps`). clip_norm clips the gradient's global norm first when set.
     mask_weight_decay: the decay of every parameter named `mask_logits`; None decays them like the rest."""
 
     steps: int
@@ -40,6 +38,8 @@ class TrainConfig:
     optimizer: str = "adam"
     schedule: str = "constant"
     mask_weight_decay: float | None = None
+    warmup_steps: int = 0
+    clip_norm: float | None = None
 
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -80,9 +80,18 @@ def weight_decay(config: TrainConfig) -> optax.GradientTransformation:
 
 
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """The config's optimizer, weight decay and learning-rate schedule."""
+    """The config's optimizer, weight decay, learning-rate schedule and gradient clipping."""
+    optimizer = _optimizer(config)
+    if config.clip_norm is None:
+        return optimizer
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm), optimizer)
+
+
+def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
     if config.schedule == "constant":
         rate = config.learning_rate
+    elif config.schedule == "cosine" and config.warmup_steps:
+        rate = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, max(1, config.steps))
     elif config.schedule == "cosine":
         rate = optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
     else:
@@ -113,6 +122,8 @@ def epoch_orders(data_key: jax.Array, first_epoch: jax.Array, n_epochs: int, n_t
 InitRun = Callable[..., tuple[PyTree, PyTree]]
 Loss = Callable[[PyTree, PyTree, PyTree], jax.Array]
 Log = Callable[[str], None]
+# augment(key, batch) -> batch, for one run inside the jitted step (e.g. random crops and flips).
+Augment = Callable[[jax.Array, PyTree], PyTree]
 
 
 class Program(NamedTuple):
@@ -127,11 +138,18 @@ class Program(NamedTuple):
 
 
 def compile_program(
-    init_run: InitRun, loss: Loss, n_train: int, config: TrainConfig, data_per_run: bool = False
+    init_run: InitRun,
+    loss: Loss,
+    n_train: int,
+    config: TrainConfig,
+    data_per_run: bool = False,
+    augment: Augment | None = None,
 ) -> Program:
     """vmap the one-run functions over the runs axis and jit them; the state is donated to each chunk.
 
     data_per_run: the data carries the runs axis too (each run its own training set, all of size n_train).
+    augment: applied to every batch with a key drawn from the run's data key and the step, so
+    augmentation is per run, deterministic and resumable.
     """
     if n_train < config.batch_size:
         raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
@@ -147,6 +165,8 @@ def compile_program(
         offset = (step % steps_per_epoch) * config.batch_size
         idx = jax.lax.dynamic_slice(order, (offset,), (config.batch_size,))
         batch = jax.tree.map(lambda a: a[idx], data)
+        if augment is not None:
+            batch = augment(jax.random.fold_in(jax.random.fold_in(state.data_key, step), 1), batch)
         value, grads = jax.value_and_grad(loss)(state.params, state.constants, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state), value
@@ -181,6 +201,17 @@ def compile_program(
 Probe = Callable[[RunState, RunState], dict[str, jax.Array]]
 
 
+class Checkpointer(Protocol):
+    """What `train` asks of a checkpointer (maskjax.checkpoint.SweepCheckpoints is one): whether a chunk end
+    is due a save, save the state and history, and restore the newest readable (step, state, history)."""
+
+    def due(self, done: int, previous: int) -> bool: ...
+
+    def save(self, step: int, state: PyTree, history: dict[str, np.ndarray]) -> None: ...
+
+    def restore_latest(self, like: PyTree, log: Log | None = None) -> tuple[int, PyTree, dict] | None: ...
+
+
 class Trained(NamedTuple):
     """What `train` returns, runs first: initial and final states, losses [runs, steps] and, per probe
     name, its values at init and after every chunk [runs, chunks + 1, ...], with the steps they were taken at."""
@@ -201,10 +232,11 @@ def train(
     config: TrainConfig,
     log: Log | None = None,
     label: str = "",
-    checkpoints: SweepCheckpoints | None = None,
+    checkpoints: Checkpointer | None = None,
     resume: bool = False,
     probe: Probe | None = None,
     data_per_run: bool = False,
+    augment: Augment | None = None,
 ) -> Trained:
     """Train every run of a batch.
 
@@ -217,7 +249,7 @@ def train(
     boundaries, so a resumed batch runs the same chunks as an uninterrupted one: the same floats.
     """
     n_train = jax.tree.leaves(data)[0].shape[1 if data_per_run else 0]
-    program = compile_program(init_run, loss, n_train, config, data_per_run)
+    program = compile_program(init_run, loss, n_train, config, data_per_run, augment)
     if data_per_run:
         data = shard_runs(data)
     measure = jax.jit(jax.vmap(probe)) if probe is not None else None

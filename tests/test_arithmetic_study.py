@@ -3,6 +3,7 @@ import json
 import jax
 import numpy as np
 import pytest
+from golden_check import assert_matches_golden
 
 from maskjax.methods import get_method
 from maskjax.studies import arithmetic as study
@@ -66,6 +67,7 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
     assert (out / "seq_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "mask_mul.png").read_bytes()[:4] == b"\x89PNG"
     assert "add 0.004 mask step 10/10" in result.stderr
+    assert_matches_golden(records, "arithmetic")  # the study skeleton's refactor changed no number
 
 
 @pytest.mark.parametrize(

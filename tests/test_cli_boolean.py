@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from golden_check import assert_matches_golden
 
 KEYS = {"task", "method", "seed", "acc_all", "acc_unseen", "mse", "train_loss", "steps"}
 META = {"config", "git_commit", "jax_version", "devices"}
@@ -37,6 +38,7 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "2parity mask step 10/10" in result.stderr
     assert "| threesym | mask_zero | 2 | 0 |" in result.stdout
+    assert_matches_golden(records, "boolean")  # the study skeleton's refactor changed no number
 
 
 @pytest.mark.parametrize(

@@ -76,3 +76,21 @@ def test_one_chunk_program_serves_every_chunk_length_with_the_same_floats():
         assert program.chunk._cache_size() == 1
         finals.append(np.asarray(state.params["w"]))
     np.testing.assert_array_equal(finals[0], finals[1])
+
+
+def test_warmup_then_cosine_and_gradient_clipping_against_numpy():
+    """SGD (no momentum effect on the first step) makes the schedule and the clip readable in the update:
+    step 0 of a warmup from 0 moves nothing; a gradient of norm 5 clipped to 1 moves lr * g / 5."""
+    params = {"w": jnp.zeros(2)}
+    grads = {"w": jnp.asarray([3.0, 4.0])}
+    warm = TrainConfig(
+        steps=10, learning_rate=0.1, weight_decay=0.0, optimizer="sgd", schedule="cosine", warmup_steps=4
+    )
+    new, _ = step(warm, params, grads)
+    np.testing.assert_array_equal(new["w"], 0.0)
+    clipped = TrainConfig(steps=10, learning_rate=0.1, weight_decay=0.0, optimizer="sgd", clip_norm=1.0)
+    new, _ = step(clipped, params, grads)
+    np.testing.assert_allclose(new["w"], -0.1 * np.array([3.0, 4.0]) / 5.0, rtol=1e-6)
+    unclipped = TrainConfig(steps=10, learning_rate=0.1, weight_decay=0.0, optimizer="sgd")
+    new, _ = step(unclipped, params, grads)
+    np.testing.assert_allclose(new["w"], -0.1 * np.array([3.0, 4.0]), rtol=1e-6)

@@ -1,4 +1,5 @@
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -70,12 +71,13 @@ def test_optimised_qk_lowers_its_loss_and_is_a_function_of_the_key():
 def test_impulse_offsets_and_border_rows():
     grid = 3
     p = priors.impulse_patterns(grid, 10)
-    assert p.shape == (10, 9, 9) and np.all(p.sum(-1) == 1)
+    assert p.shape == (10, 9, 9) and np.all(p.sum(-1) <= 1)
     np.testing.assert_array_equal(p[0], np.eye(9, dtype=bool))  # offset 4: the centre
     np.testing.assert_array_equal(p[9], p[0])  # head 9 wraps to the first offset
     assert p[1, 1 * grid + 1, 0 * grid + 1]  # head 1, offset 1 = (-1, 0): one row up
-    assert p[1, 0 * grid + 2, 0 * grid + 2]  # top row: off the grid, so itself
-    assert p[5, 2 * grid + 2, 1 * grid + 1] and p[5, 1 * grid + 0, 1 * grid + 0]  # offset 0 = (-1, -1)
+    assert not p[1, 0 * grid + 2].any()  # top row: off the zero-padded grid, no open entry
+    assert p[1].sum() == grid * (grid - 1)
+    assert p[5, 2 * grid + 2, 1 * grid + 1] and not p[5, 1 * grid + 0].any()  # offset 0 = (-1, -1)
 
 
 def test_pattern_error_worked_example_and_row_distribution():
@@ -122,3 +124,36 @@ def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(
     assert "| 2parity | mask | 1 | 0 |" in (tmp_path / "q" / "summary.md").read_text()
     bad = cli("experiments.qk_match", "--preset=test", "--methods=nope", f"--out={tmp_path / 'r'}")
     assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr
+
+
+@pytest.mark.parametrize("d, heads, head_dim", [(8, 2, 4), (8, 3, 4), (8, 1, 4)])
+def test_shared_value_output_is_one_matrix_for_all_heads(d, heads, head_dim):
+    v, o, a = map(np.asarray, qp.shared_value_output(jax.random.key(0), d, heads, head_dim))
+    assert v.shape == (d, heads, head_dim) and o.shape == (heads, head_dim, d)
+    product = v.reshape(d, -1).astype(np.float64) @ o.reshape(-1, d).astype(np.float64)
+    if heads * head_dim >= d:
+        np.testing.assert_allclose(product, a, atol=1e-5)
+    else:
+        u, s, vt = np.linalg.svd(np.asarray(a, np.float64))
+        best = (u[:, :4] * s[:4]) @ vt[:4]
+        np.testing.assert_allclose(product, best, atol=1e-5)
+    noise = (a + 0.4 * np.eye(d)) / 0.4
+    assert np.abs(noise).max() <= np.sqrt(3.0 / d) + 1e-6
+
+
+def test_qk_prior_finds_attention_modules_by_key_path():
+    layer = {"qkv": {"kernel": jnp.zeros((8, 3, 2, 4))}, "out": {"kernel": jnp.zeros((2, 4, 8))}}
+    params = {
+        "encoder": {f"block_{i}": {"attn": layer, "mlp": {"kernel": jnp.ones(3)}} for i in (10, 2, 1)},
+        "embed": {"pos_embed": jax.random.normal(jax.random.key(1), (5, 8))},
+    }
+    assert qp.attention_paths(params) == [("encoder", f"block_{i}", "attn") for i in (1, 2, 10)]
+    assert qp.position_path(params) == ("embed", "pos_embed")
+    pattern = jnp.broadcast_to(jnp.eye(5), (2, 5, 5))
+    new = qp.with_qk_prior(params, jax.random.key(0), "svd", pattern, pattern)
+    np.testing.assert_allclose(new["embed"]["pos_embed"], 5.0 * params["embed"]["pos_embed"])
+    for i in (1, 2, 10):
+        assert np.abs(np.asarray(new["encoder"][f"block_{i}"]["attn"]["qkv"]["kernel"][:, :2])).sum() > 0
+        np.testing.assert_array_equal(new["encoder"][f"block_{i}"]["mlp"]["kernel"], 1.0)
+    with pytest.raises(ValueError, match="pos_embed"):
+        qp.with_qk_prior({"block_0": {"attn": layer}}, jax.random.key(0), "svd", pattern, pattern)

@@ -1,5 +1,6 @@
 """Models with the masked attention inside."""
 
-from maskjax.models.gotu import GotuTransformer, ModelConfig
+from maskjax.models.gotu import GotuTransformer
+from maskjax.models.layers import ModelConfig
 
 __all__ = ["GotuTransformer", "ModelConfig"]

@@ -12,7 +12,7 @@ import numpy as np
 from flax import linen as nn
 
 from maskjax.attention import MaskInit, MaskMode
-from maskjax.models.gotu import Block, ModelConfig, _torch_dense
+from maskjax.models.layers import Block, ModelConfig, torch_dense
 
 
 class CausalTransformer(nn.Module):
@@ -37,4 +37,4 @@ class CausalTransformer(nn.Module):
         for layer in range(c.depth):
             h = Block(c, self.mask_mode, self.mask_init, self.qk_norm, causal=True, name=f"block_{layer}")(h)
         h = nn.LayerNorm(epsilon=1e-5, name="head_norm")(h)
-        return _torch_dense(self.vocab, c.dim, "head", c.dtype)(h).astype(jnp.float32)
+        return torch_dense(self.vocab, c.dim, "head", c.dtype)(h).astype(jnp.float32)

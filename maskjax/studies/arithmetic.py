@@ -7,6 +7,7 @@ axis; runs with different fractions have training sets of different sizes and ar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 
@@ -15,13 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors, qk_priors
+from maskjax import priors, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
 from maskjax.models.causal import CausalTransformer
-from maskjax.models.gotu import ModelConfig
+from maskjax.models.layers import ModelConfig
 from maskjax.tasks import arithmetic as ar
-from maskjax.train import TrainConfig, first_nonfinite_step, to_host, train, variables_of
+from maskjax.train import TrainConfig, to_host, train, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,22 +67,13 @@ PRESETS: dict[str, ArithmeticConfig] = {
 
 
 def get_preset(name: str) -> ArithmeticConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return PRESETS[name]
-
-
-def check_method(method: Method) -> None:
-    """Only the oracle (place-value) and zero masks have a meaning here."""
-    if method.mask_pattern not in ("none", "oracle", "zero"):
-        raise ValueError(f"method {method.name!r} ({method.mask_pattern} mask) is not defined for arithmetic")
+    return sweep.get_preset(PRESETS, name)
 
 
 def mask_logits(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig) -> np.ndarray:
     """The method's initial M [length, length] (zeros for the zero mask; unused without a mask)."""
-    if method.mask_pattern == "zero":
-        return np.zeros((task.length, task.length), np.float32)
-    return np.asarray(priors.mask_logits(ar.place_value_pattern(task), config.open_value, config.closed_value))
+    patterns = functools.partial(ar.mask_pattern, task)
+    return sweep.initial_mask_logits(patterns, method, 0, (config.open_value, config.closed_value))
 
 
 def make_model(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig, mask_init=None) -> CausalTransformer:
@@ -128,30 +120,26 @@ def run_batch(
     resume: bool = False,
 ) -> list[dict]:
     """Train (op, fraction, method) for every seed as one vmapped batch; one record per seed."""
-    check_method(method)
+    prior = mask_logits(task, method, config)
     per_seed = [run_data(task, fraction, seed, config.eval_size) for seed in seeds]
     train_BNL = jnp.asarray(np.stack([d[0] for d in per_seed]))
     eval_BNL = jnp.asarray(np.stack([d[1] for d in per_seed]))
     n_train = train_BNL.shape[1]
     train_config = config.train_config(n_train)
     model = make_model(task, method, config)
-    prior = mask_logits(task, method, config)
     open_HNN = jnp.broadcast_to(
         jnp.asarray(ar.place_value_pattern(task), jnp.float32), (config.model.heads, *prior.shape)
     )
     target_HNN = jnp.broadcast_to(jnp.asarray(priors.row_distribution(prior), jnp.float32), open_HNN.shape)
 
-    def init_run(key: jax.Array):
-        variables = make_model(task, method, config, prior).init(key, train_BNL[0, :1])
-        params = qk_priors.with_qk_prior(
-            variables["params"],
-            jax.random.fold_in(key, 1),
-            method.qk_init,
-            open_HNN,
-            target_HNN,
-            opt_steps=config.qk_opt_steps,
-        )
-        return params, variables.get("constants", {})
+    init_run = sweep.prior_init(
+        lambda: make_model(task, method, config, prior),
+        method,
+        train_BNL[0, :1],
+        open_HNN,
+        target_HNN,
+        config.qk_opt_steps,
+    )
 
     def loss(params, constants, tokens_BL):
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
@@ -160,7 +148,7 @@ def run_batch(
     _, final, history, _, _ = train(
         init_run,
         loss,
-        jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32)),
+        sweep.seed_keys(seeds),
         (),
         train_BNL,
         train_config,
@@ -178,12 +166,11 @@ def run_batch(
 
     answers = to_host(decode(final.params, final.constants, eval_BNL))
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
-    seconds = time.time() - started
-    diverged_at = first_nonfinite_step(history)
+    outcomes = sweep.outcome_fields(history, train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
         correct = answers[i] == truth[i]
-        diverged = bool(diverged_at[i])
+        diverged = outcomes[i]["diverged"]
         records.append(
             {
                 "op": task.op,
@@ -193,14 +180,9 @@ def run_batch(
                 "seed": int(seed),
                 "seq_acc": None if diverged else float(correct.all(axis=1).mean()),
                 "token_acc": None if diverged else float(correct.mean()),
-                "train_loss": None if diverged else float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
-                "diverged": diverged,
-                "diverged_at_step": int(diverged_at[i]) or None,
                 "n_train": int(n_train),
                 "eval_size": int(truth.shape[1]),
-                "steps": int(train_config.steps),
-                "runs_in_batch": len(seeds),
-                "batch_seconds": round(seconds, 2),
+                **outcomes[i],
             }
         )
     return records
@@ -212,6 +194,10 @@ def resolve(
     """Tasks and methods by name; anything that cannot be built fails here, before any training."""
     tasks = [ar.ArithmeticTask(op, answer_format) for op in ops]
     resolved = [get_method(m) for m in methods]
-    for method in resolved:
-        check_method(method)
+    for task in tasks:
+        for method in resolved:
+            try:
+                ar.mask_pattern(task, sweep.mask_kind(method))
+            except ValueError as e:
+                raise ValueError(f"method {method.name!r}: {e}") from None
     return tasks, resolved

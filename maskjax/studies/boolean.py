@@ -11,15 +11,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, priors, probes, qk_priors
+from maskjax import discover, priors, probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.methods import Method, get_method
-from maskjax.models.gotu import GotuTransformer, ModelConfig
+from maskjax.models.gotu import GotuTransformer
+from maskjax.models.layers import ModelConfig
 from maskjax.tasks.boolean import (
     BooleanTask,
     cube,
     degree_profile,
     get_task,
+    mask_pattern,
     minimum_degree_interpolator,
     probe_points,
     scores,
@@ -28,10 +30,8 @@ from maskjax.tasks.boolean import (
 from maskjax.train import (
     TrainConfig,
     compile_program,
-    first_nonfinite_step,
     shard_runs,
     to_host,
-    train,
     variables_of,
 )
 
@@ -105,9 +105,7 @@ PRESETS: dict[str, BooleanConfig] = {
 
 
 def get_preset(name: str) -> BooleanConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return PRESETS[name]
+    return sweep.get_preset(PRESETS, name)
 
 
 def task_mask_logits(
@@ -121,24 +119,13 @@ def task_mask_logits(
 
     values: (open, closed) logits for this run; the config's when None.
     """
-    size = task.n_bits + 1
-    if method.mask_pattern == "zero":
-        return np.zeros((size, size), np.float32)
-    pattern = oracle_pattern(task, config)
-    if method.mask_pattern == "misspecified":
-        pattern = priors.group_pattern(
-            task.n_bits, priors.misspecified_groups(task.n_bits, task.groups), config.row_policy
-        )
-    elif method.mask_pattern == "random":
-        pattern = priors.random_pattern(pattern, seed)
-    elif method.mask_pattern == "learned":
-        pattern = discover.task_pattern(task, config.row_policy)
-    open_value, closed_value = values if values is not None else (config.open_value, config.closed_value)
-    return np.asarray(priors.mask_logits(pattern, open_value, closed_value))
+    values = values if values is not None else (config.open_value, config.closed_value)
+    patterns = lambda kind, s: mask_pattern(task, kind, config.row_policy, s)  # noqa: E731
+    return sweep.initial_mask_logits(patterns, method, seed, values)
 
 
 def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
-    return priors.group_pattern(task.n_bits, task.groups, config.row_policy)
+    return mask_pattern(task, "oracle", config.row_policy)
 
 
 def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_init=None) -> GotuTransformer:
@@ -155,22 +142,9 @@ def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: i
     return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(n)
 
 
-def sown(model: GotuTransformer, variables: dict, x: jax.Array, name: str) -> jax.Array:
-    """What every block's attention sowed under `name` on the inputs x: [layers, batch, heads, tokens, tokens]."""
-    _, state = model.apply(variables, x, mutable=["intermediates"])
-    blocks = state["intermediates"]
-    return jnp.stack([blocks[f"block_{i}"]["attn"][name][0] for i in range(model.config.depth)])
-
-
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
     """Layer-0 attention on the inputs x: [batch, heads, tokens, tokens]."""
-    return sown(model, variables, x, "attention")[0]
-
-
-def mask_logits_of(model: GotuTransformer, method: Method, variables: dict) -> jax.Array:
-    """The mask logits M of every layer, [layers, heads, N, N], from params (learnable) or constants (fixed)."""
-    collection = "params" if method.mask_mode == "learnable" else "constants"
-    return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
+    return sweep.sown(model, variables, x, "attention")[0]
 
 
 def drift_probe(
@@ -210,7 +184,7 @@ def drift_probe(
         attention = jnp.stack([b["attention"][0] for b in blocks])
         if not has_mask:
             return attention, jnp.stack([b["qk_logits"][0] for b in blocks]), None
-        masks = mask_logits_of(model, method, variables)
+        masks = sweep.mask_logits_of(model, method, variables)
         return attention, jax.nn.log_sigmoid(masks), masks
 
     def probe(initial, state) -> dict[str, jax.Array]:
@@ -289,31 +263,26 @@ def make_batch(
     run_masks = jnp.asarray(
         np.stack([task_mask_logits(task, method, config, seed, v) for seed, v in zip(seeds, values, strict=True)])
     )
-    run_keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
     heads = config.model.heads
     pattern_HNN = jnp.broadcast_to(
         jnp.asarray(oracle_pattern(task, config), jnp.float32), (heads, *run_masks.shape[1:])
     )
     target_HNN = jnp.broadcast_to(jnp.asarray(oracle_target(task, config), jnp.float32), pattern_HNN.shape)
 
-    def init_run(key: jax.Array, mask_logits: jax.Array):
-        # The model is initialised from the run's key itself, so adding a method never changes the others.
-        variables = make_model(task, method, config, mask_logits).init(key, data[0][:1])
-        params = qk_priors.with_qk_prior(
-            variables["params"],
-            jax.random.fold_in(key, 1),
-            method.qk_init,
-            pattern_HNN,
-            target_HNN,
-            opt_steps=config.qk_opt_steps,
-        )
-        return params, variables.get("constants", {})
+    init_run = sweep.prior_init(
+        lambda mask_logits: make_model(task, method, config, mask_logits),
+        method,
+        data[0][:1],
+        pattern_HNN,
+        target_HNN,
+        config.qk_opt_steps,
+    )
 
     def loss(params, constants, batch):
         x, y = batch
         return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
-    return Batch(model, init_run, loss, run_keys, run_masks, values, data, config.train_config(task))
+    return Batch(model, init_run, loss, sweep.seed_keys(seeds), run_masks, values, data, config.train_config(task))
 
 
 def run_batch(
@@ -338,18 +307,9 @@ def run_batch(
     x_all = jnp.asarray(points, jnp.float32)
     target = oracle_target(task, config)
     started = time.time()
-    initial, final, history, drift, drift_steps = train(
-        batch.init_run,
-        batch.loss,
-        batch.run_keys,
-        (batch.run_masks,),
-        batch.data,
-        train_config,
-        log,
-        label=f"{task.name} {method.name}",
-        checkpoints=checkpoints,
-        resume=resume,
-        probe=drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size)),
+    probe = drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size))
+    initial, final, history, drift, drift_steps = sweep.train_batch(
+        batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe
     )
 
     @jax.jit
@@ -361,20 +321,18 @@ def run_batch(
     on_maps = MapPoints(task, model)
     attention_init, attention_final = on_maps.attention(initial), on_maps.attention(final)
     maps = {"init": on_maps.mean(attention_init), "final": on_maps.mean(attention_final)}
-    seconds = time.time() - started
-    diverged_at = first_nonfinite_step(history)
+    failed = ~np.all(np.isfinite(preds), axis=1)
+    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, failed)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
     records = []
     for i, seed in enumerate(seeds):
-        diverged = bool(diverged_at[i]) or not np.all(np.isfinite(preds[i]))
-        if diverged:
-            metrics = dict.fromkeys(("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss"))
+        if outcomes[i]["diverged"]:
+            metrics = dict.fromkeys(("acc_all", "acc_unseen", "mse", "unseen_mean_prediction"))
         else:
             metrics = {
                 **scores(task, preds[i]),
                 "unseen_mean_prediction": float(preds[i][~seen].mean()),
                 "degree_profile": [round(float(m), 6) for m in degree_profile(preds[i])],
-                "train_loss": float(np.mean(history[i, -max(1, history.shape[1] // 20) :])),
             }
         records.append(
             {
@@ -392,14 +350,7 @@ def run_batch(
                 "pattern_drift": on_maps.error(attention_final[i], attention_init[i]),
                 "drift_steps": drift_steps,
                 **{name: [[float(f"{v:.6g}") for v in step] for step in series[i]] for name, series in drift.items()},
-                "diverged": diverged,
-                "diverged_at_step": int(diverged_at[i]) or None,
-                "steps": int(train_config.steps),
-                "learning_rate": train_config.learning_rate,
-                "optimizer": train_config.optimizer,
-                "mask_weight_decay": train_config.mask_weight_decay,
-                "runs_in_batch": len(seeds),
-                "batch_seconds": round(seconds, 2),
+                **outcomes[i],
             }
         )
     return records, maps

@@ -122,3 +122,11 @@ def place_value_pattern(task: ArithmeticTask) -> np.ndarray:
         query = PROMPT - 1 + offset
         open_[query, is_operand] = operand_place[is_operand] <= place
     return open_
+
+
+def mask_pattern(task: ArithmeticTask, kind: str, seed: int = 0) -> np.ndarray:
+    """The task's mask pattern of a kind: only the place-value "oracle" has a meaning here."""
+    del seed
+    if kind != "oracle":
+        raise ValueError(f"the {kind} mask is not defined for arithmetic; only the oracle (place-value) mask is")
+    return place_value_pattern(task)

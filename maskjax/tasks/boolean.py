@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from maskjax import priors
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class BooleanTask:
@@ -24,6 +26,27 @@ class BooleanTask:
     target: Callable[[np.ndarray], np.ndarray]
     seen: Callable[[np.ndarray], np.ndarray]
     groups: tuple[tuple[int, ...], ...]
+
+
+MASK_KINDS = ("oracle", "misspecified", "random", "learned")
+
+
+def mask_pattern(task: BooleanTask, kind: str, row_policy: str = "diagonal", seed: int = 0) -> np.ndarray:
+    """The task's mask pattern of a kind, over [CLS, bits]: "oracle" (its interacting groups),
+    "misspecified" (the groups moved onto bits that do not interact), "random" (as many open entries
+    at random, drawn from seed) or "learned" (the groups `maskjax.discover` reads off the training data)."""
+    oracle = priors.group_pattern(task.n_bits, task.groups, row_policy)
+    if kind == "oracle":
+        return oracle
+    if kind == "misspecified":
+        return priors.group_pattern(task.n_bits, priors.misspecified_groups(task.n_bits, task.groups), row_policy)
+    if kind == "random":
+        return priors.random_pattern(oracle, seed)
+    if kind == "learned":
+        from maskjax import discover  # discover reads tasks off this module, so it is imported late
+
+        return discover.task_pattern(task, row_policy)
+    raise ValueError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}")
 
 
 def cube(n_bits: int) -> np.ndarray:

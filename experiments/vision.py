@@ -1,0 +1,197 @@
+"""ViT study: python -m experiments.vision --dataset=fashion_mnist --seeds=4 --methods=vanilla,mask,mimetic,impulse
+
+Every (dataset, training fraction, method) trains all its seeds as one vmapped batch. Writes
+results.jsonl (test accuracy and loss, the mask's persistence and the attention drift per layer,
+curves), summary.md (mean +- std, per seed, the mask against every other method paired by seed),
+config.json and plots: curves_*.png, attention_*.png (the first test image) and mask_*.png (the
+learned mask of every layer) to --out; results are rewritten atomically after every batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.cli import (
+    Parser,
+    add_run_control,
+    fraction_list,
+    name_list,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    progress,
+    run_control,
+    run_main,
+)
+from maskjax import report
+from maskjax.data import images
+from maskjax.studies import vision as study
+from maskjax.sweep import BatchSpec, run_sweep
+
+KEYS = ("test_acc", "test_loss", "train_loss", "pattern_error_init")
+GROUPS = ("dataset", "train_fraction", "method")
+CURVE_KEYS = ("test_acc_probe", "test_loss_probe")
+PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
+MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
+
+
+def non_negative_int(text: str) -> int:
+    value = non_negative_float(text)
+    if value != int(value):
+        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+    return int(value)
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.vision", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", default="fashion_mnist", choices=images.DATASETS, help="default fashion_mnist")
+    p.add_argument("--data-dir", type=Path, help="folder holding the dataset's files (see README)")
+    p.add_argument("--image-size", type=positive_int, help="resolution ImageNet-100 is read at (default 64)")
+    p.add_argument("--seeds", type=positive_int, default=4, help="number of seeds, 0..N-1 (default 4)")
+    p.add_argument(
+        "--methods",
+        type=name_list,
+        default=["vanilla", "mask", "mimetic", "impulse"],
+        help=f"comma list of {','.join(study.METHODS)} (default vanilla,mask,mimetic,impulse)",
+    )
+    p.add_argument(
+        "--train-fraction",
+        type=fraction_list(include_one=True),
+        default=[1.0],
+        help="class-balanced training fractions in (0, 1], a comma list (default 1)",
+    )
+    p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
+    p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
+    p.add_argument("--epochs", type=positive_int, help="epochs over each training set")
+    p.add_argument("--batch-size", type=positive_int, help="batch size")
+    p.add_argument("--learning-rate", type=positive_float, help="AdamW peak learning rate")
+    p.add_argument("--patch-size", type=positive_int, help="patch size (must divide the image size)")
+    p.add_argument("--radius", type=non_negative_int, help="Chebyshev radius of the locality mask (preset: 1)")
+    p.add_argument("--pool", choices=("gap", "cls"), help="global average pooling (default) or a CLS token")
+    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
+    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+    for flag in MODEL_FLAGS:
+        p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"model {flag}")
+    p.add_argument("--out", type=Path, default=Path("results/vision"), help="output folder (default results/vision)")
+    add_run_control(p)
+    return p.parse_args(argv)
+
+
+def resolve_config(args) -> study.VisionConfig:
+    config = study.get_preset(args.preset)
+    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
+    fields = (
+        "steps",
+        "epochs",
+        "batch_size",
+        "learning_rate",
+        "patch_size",
+        "radius",
+        "pool",
+        "open_value",
+        "closed_value",
+    )
+    return dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = resolve_config(args)
+    methods = study.resolve(args.methods)
+    seeds = list(range(args.seeds))
+    progress(f"reading {args.dataset}")
+    data = images.load(args.dataset, args.data_dir, args.image_size)
+    task = study.make_task(data, config)
+    resolved = {
+        "study": "vision",
+        "dataset": args.dataset,
+        "data_dir": str(args.data_dir) if args.data_dir else None,
+        "train_fractions": args.train_fraction,
+        "methods": args.methods,
+        "seeds": seeds,
+        **dataclasses.asdict(config),
+    }
+    out = args.out
+    plots: dict[tuple[float, str], dict[str, np.ndarray]] = {}
+
+    def batch(fraction: float, method) -> BatchSpec:
+        def train(checkpoints, resume: bool) -> list[dict]:
+            records, plots[fraction, method.name] = study.run_batch(
+                data, method, fraction, seeds, config, progress, checkpoints, resume
+            )
+            return records
+
+        fields = {"dataset": data.name, "train_fraction": fraction, "method": method.name}
+        return BatchSpec(f"{data.name}_{fraction:g}_{method.name}", fields, len(seeds), train)
+
+    def plot(spec: BatchSpec, records: list[dict]) -> None:
+        fraction = spec.fields["train_fraction"]
+        name = f"{data.name}_{fraction:g}"
+        done = [r for r in records if r["train_fraction"] == fraction]
+        plot_curves(done, out / f"curves_{name}.png")
+        report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
+        ours = {m: p for (f, m), p in plots.items() if f == fraction}
+        plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
+        if "mask_final" in plots[fraction, spec.fields["method"]]:
+            method = spec.fields["method"]
+            plot_masks(task, plots[fraction, method], out / f"mask_{name}_{method}.png")
+
+    specs = [batch(fraction, method) for fraction in args.train_fraction for method in methods]
+    records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
+    print(write_outputs(out, records), end="")
+    print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
+    return 0
+
+
+def write_outputs(out: Path, records: list[dict]) -> str:
+    report.write_jsonl(out / "results.jsonl", records)
+    table = report.summary_table(records, KEYS, GROUPS)
+    parts = [
+        table,
+        report.paired_table(records, "test_acc", "mask", ("dataset", "train_fraction")),
+        report.per_seed_table(records, "test_acc", GROUPS),
+    ]
+    report.write_atomic(out / "summary.md", "# Vision study\n\n" + "\n".join(parts))
+    return table
+
+
+def plot_curves(records: list[dict], path: Path) -> None:
+    """Test accuracy and loss on the probe subset against step, per method (mean over seeds, range shaded)."""
+    as_layers = [{**r, **{k: [[v] for v in r[k]] for k in CURVE_KEYS if k in r}} for r in records]
+    report.plot_drift(as_layers, path, CURVE_KEYS)
+
+
+def centre_query(task, matrix_NN: np.ndarray) -> np.ndarray:
+    """The row of the patch nearest the grid's centre, reshaped on the grid [grid, grid]."""
+    offset = int(task.cls)
+    centre = (task.grid // 2) * task.grid + task.grid // 2 + offset
+    return np.asarray(matrix_NN)[centre, offset:].reshape(task.grid, task.grid)
+
+
+def plot_attention(task, image: np.ndarray, per_method: dict[str, dict], path: Path) -> None:
+    """The first test image, then per method (seed 0, trained) the centre patch's attention on the grid in
+    the first and the last layer, mean over heads."""
+    panels = {"first test image": np.asarray(image, np.float64).mean(-1)}
+    for method, maps in per_method.items():
+        attention = maps["attention"]
+        panels[f"{method}: layer 0"] = centre_query(task, attention[0].mean(0))
+        panels[f"{method}: layer {len(attention) - 1}"] = centre_query(task, attention[-1].mean(0))
+    report.plot_matrices(panels, path, columns=3)
+
+
+def plot_masks(task, maps: dict[str, np.ndarray], path: Path) -> None:
+    """Per layer, the learned M after training (mean over heads): the centre patch's row on the grid and
+    the whole matrix; the initial M's row first, for reference."""
+    panels = {"init: centre patch": centre_query(task, maps["mask_init"][0].mean(0))}
+    for layer, mask in enumerate(maps["mask_final"]):
+        panels[f"layer {layer}: centre patch"] = centre_query(task, mask.mean(0))
+        panels[f"layer {layer}: M"] = mask.mean(0)
+    report.plot_matrices(panels, path, columns=3)
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

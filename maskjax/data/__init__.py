@@ -1,0 +1,1 @@
+"""Dataset loaders that work offline."""

@@ -1,0 +1,55 @@
+"""Layers every maskjax model shares: the width / depth config, a torch-initialised Dense and the
+pre-LayerNorm block with masked attention."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import linen as nn
+
+from maskjax.attention import MaskedSelfAttention, MaskInit, MaskMode, torch_bias_init, torch_linear_init
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    dim: int = 256
+    depth: int = 12
+    heads: int = 6
+    head_dim: int = 64
+    mlp_dim: int = 256
+    dtype: str = "float32"  # of the matmuls; parameters, LayerNorm, softmax and the optimizer stay float32
+
+
+def torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") -> nn.Dense:
+    return nn.Dense(features, dtype=dtype, kernel_init=torch_linear_init, bias_init=torch_bias_init(fan_in), name=name)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: masked self-attention, then a GELU MLP, each added to the residual stream."""
+
+    config: ModelConfig
+    mask_mode: MaskMode
+    mask_init: MaskInit | jax.Array | np.ndarray | None
+    qk_norm: bool = False
+    causal: bool = False
+
+    @nn.compact
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        c = self.config
+        h = nn.LayerNorm(epsilon=1e-5, name="attn_norm")(x_BLD)
+        x_BLD = x_BLD + MaskedSelfAttention(
+            c.heads,
+            c.head_dim,
+            mask_mode=self.mask_mode,
+            mask_init=self.mask_init,
+            dtype=c.dtype,
+            qk_norm=self.qk_norm,
+            causal=self.causal,
+            name="attn",
+        )(h)
+        h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)
+        h = torch_dense(c.mlp_dim, c.dim, "mlp_in", c.dtype)(h)
+        h = nn.gelu(h, approximate=False)
+        return x_BLD + torch_dense(c.dim, c.mlp_dim, "mlp_out", c.dtype)(h).astype(x_BLD.dtype)

@@ -1,0 +1,348 @@
+"""The vision study: a ViT per (dataset, training fraction, method), all seeds one vmapped batch.
+
+With the full training set every run shares the data; with a fraction each seed draws its own
+class-balanced subset (the data then carries the runs axis). Augmentation (random crop, flip) runs
+inside the jitted step from each run's key and step. After every chunk a probe measures test
+accuracy and loss on a fixed test subset, the attention drift on a few test images and, for a mask,
+how far M moved and how much of it kept its sign.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maskjax import priors, probes, sweep
+from maskjax.checkpoint import SweepCheckpoints
+from maskjax.data.images import ImageData
+from maskjax.methods import Method, get_method
+from maskjax.models.layers import ModelConfig
+from maskjax.models.vit import ViT
+from maskjax.tasks import vision as vt
+from maskjax.train import TrainConfig, to_host, variables_of
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """epochs over each run's training set set the steps, at least min_steps (so a small training fraction
+    still trains), unless `steps` overrides them; a linear warmup over warmup_fraction of the steps
+    precedes the cosine decay."""
+
+    preset: str
+    model: ModelConfig
+    patch_size: int
+    epochs: int
+    batch_size: int = 512
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    min_steps: int = 0
+    warmup_fraction: float = 0.05
+    clip_norm: float | None = 1.0
+    open_value: float = 10.0
+    closed_value: float = -10.0
+    radius: int = 1
+    pool: str = "gap"
+    crop_pad: int = 4
+    steps: int | None = None
+    chunk_steps: int = 200
+    eval_batch: int = 1000
+    probe_images: int = 512
+    drift_images: int = 16
+    qk_opt_steps: int = 10_000
+
+    def train_config(self, n_train: int) -> TrainConfig:
+        batch = min(self.batch_size, n_train)
+        steps = self.steps if self.steps is not None else max(self.epochs * (n_train // batch), self.min_steps)
+        warmup = int(self.warmup_fraction * steps)
+        return TrainConfig(
+            steps,
+            batch,
+            self.learning_rate,
+            self.weight_decay,
+            self.chunk_steps,
+            optimizer="adamw",
+            schedule="cosine",
+            warmup_steps=warmup,
+            clip_norm=self.clip_norm,
+        )
+
+
+PRESETS: dict[str, VisionConfig] = {
+    # ViT-Tiny as the paper's CIFAR runs (Zheng et al. 2024's recipe: 32 x 32, patch 2, GAP, AdamW 1e-3
+    # cosine, wd 0.01, batch 512, 200 epochs, 10 warmup); crop + flip stand in for RandAugment.
+    "paper": VisionConfig("paper", ModelConfig(dim=192, depth=12, heads=3, head_dim=64, mlp_dim=768), 2, 200),
+    # Sized for a 2-core CPU before any mask result (docs/results/vision_quick.md says how): 28 x 28
+    # Fashion-MNIST in 4 x 4 patches (a 7 x 7 grid), width 32, depth 2, 4 heads; 4 epochs of the full set,
+    # and at least 600 steps at a small fraction.
+    "quick": VisionConfig(
+        "quick",
+        ModelConfig(dim=32, depth=2, heads=4, head_dim=8, mlp_dim=64),
+        patch_size=4,
+        epochs=4,
+        min_steps=600,
+        batch_size=128,
+        crop_pad=2,
+        eval_batch=500,
+        probe_images=500,
+    ),
+    "test": VisionConfig(
+        "test",
+        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        patch_size=4,
+        epochs=1,
+        batch_size=8,
+        steps=6,
+        chunk_steps=3,
+        warmup_fraction=0.0,
+        crop_pad=1,
+        eval_batch=8,
+        probe_images=8,
+        drift_images=2,
+        qk_opt_steps=10,
+    ),
+}
+
+METHODS = ("vanilla", "mask", "mask_fixed", "mask_zero", "mask_random", "mimetic", "impulse")
+
+
+def get_preset(name: str) -> VisionConfig:
+    return sweep.get_preset(PRESETS, name)
+
+
+def make_task(data: ImageData, config: VisionConfig) -> vt.VisionTask:
+    return vt.task_of(data, config.patch_size, config.radius, config.pool == "cls")
+
+
+def make_model(task: vt.VisionTask, method: Method, config: VisionConfig, mask_init=None) -> ViT:
+    return ViT(
+        task.num_classes,
+        task.image_size,
+        task.patch_size,
+        config.model,
+        method.mask_mode,
+        mask_init,
+        method.qk_norm,
+        pool=config.pool,
+    )
+
+
+def initial_mask(task: vt.VisionTask, method: Method, config: VisionConfig, seed: int = 0) -> np.ndarray:
+    """The method's initial M [tokens, tokens] for one seed (shared by heads and layers)."""
+    return sweep.initial_mask_logits(
+        lambda kind, s: vt.mask_pattern(task, kind, s), method, seed, (config.open_value, config.closed_value)
+    )
+
+
+def qk_target(task: vt.VisionTask, method: Method, config: VisionConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(open pattern, target attention) [heads, tokens, tokens] a QK initialisation aims at: the impulse
+    heads' shifted identities for impulse (uniform on the rows whose shift leaves the grid, which the
+    construction leaves to noise), the locality pattern's row distribution otherwise."""
+    heads = config.model.heads
+    if method.qk_init == "impulse":
+        pattern = vt.impulse_pattern(task, heads)
+        count = pattern.sum(-1, keepdims=True)
+        return pattern, np.where(count > 0, pattern / np.maximum(count, 1), 1.0 / pattern.shape[-1])
+    pattern = vt.mask_pattern(task, "oracle")
+    logits = np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value))
+    return np.broadcast_to(pattern, (heads, *pattern.shape)), np.broadcast_to(
+        priors.row_distribution(logits), (heads, *pattern.shape)
+    )
+
+
+def resolve(methods: Sequence[str]) -> list[Method]:
+    """Methods by name, each checked against the vision study before any data is read."""
+    resolved = [get_method(m) for m in methods]
+    for method in resolved:
+        if method.name not in METHODS:
+            raise ValueError(f"method {method.name!r} is not defined for the vision study; known: {', '.join(METHODS)}")
+    return resolved
+
+
+class Batch(NamedTuple):
+    """What `train` needs for one (dataset, fraction, method) batch, and what evaluation reuses."""
+
+    task: vt.VisionTask
+    model: ViT
+    init_run: Callable
+    loss: Callable
+    augment: Callable
+    run_keys: jax.Array
+    run_masks: jax.Array
+    data: tuple[jax.Array, jax.Array]
+    data_per_run: bool
+    train_config: TrainConfig
+    target: np.ndarray
+    mean: jax.Array
+    std: jax.Array
+
+
+def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig) -> Batch:
+    """The one-run init, loss and augmentation of (dataset, fraction, method) and every seed's inputs: its
+    key, its initial mask and, below the full set, its own class-balanced training subset."""
+    task = make_task(data, config)
+    mean, std = (jnp.asarray(v) for v in vt.channel_stats(data.train_images))
+    subsets = [vt.balanced_subset(data.train_labels, fraction, seed) for seed in seeds]
+    per_run = fraction < 1
+    if per_run:
+        train_data = (
+            jnp.asarray(np.stack([data.train_images[s] for s in subsets])),
+            jnp.asarray(np.stack([data.train_labels[s] for s in subsets])),
+        )
+    else:
+        train_data = (jnp.asarray(data.train_images), jnp.asarray(data.train_labels))
+    model = make_model(task, method, config)
+    run_masks = jnp.asarray(np.stack([initial_mask(task, method, config, seed) for seed in seeds]))
+    pattern, target = qk_target(task, method, config)
+    init_run = sweep.prior_init(
+        lambda mask_logits: make_model(task, method, config, mask_logits),
+        method,
+        vt.normalise(jnp.asarray(data.train_images[:1]), mean, std),
+        jnp.asarray(pattern, jnp.float32),
+        jnp.asarray(target, jnp.float32),
+        config.qk_opt_steps,
+    )
+
+    def loss(params, constants, batch):
+        images, labels = batch
+        logits = model.apply(variables_of(params, constants), vt.normalise(images, mean, std))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    def augment(key, batch):
+        images, labels = batch
+        return vt.augment(key, images, config.crop_pad, task.flip), labels
+
+    train_config = config.train_config(len(subsets[0]))
+    return Batch(
+        task,
+        model,
+        init_run,
+        loss,
+        augment,
+        sweep.seed_keys(seeds),
+        run_masks,
+        train_data,
+        per_run,
+        train_config,
+        np.asarray(target),
+        mean,
+        std,
+    )
+
+
+def run_batch(
+    data: ImageData,
+    method: Method,
+    fraction: float,
+    seeds: Sequence[int],
+    config: VisionConfig,
+    log: Callable[[str], None] | None = None,
+    checkpoints: SweepCheckpoints | None = None,
+    resume: bool = False,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Train (dataset, fraction, method) for every seed as one vmapped batch. Returns one record per
+    seed and, for the plots, seed 0's masks [layers, heads, N, N] at init and after training and its
+    attention on the first test image."""
+    batch = make_batch(data, method, fraction, seeds, config)
+    model, mean, std, train_config = batch.model, batch.mean, batch.std, batch.train_config
+    n_train = batch.data[1].shape[-1]
+    probe_x = jnp.asarray(data.test_images[: config.probe_images])
+    probe_y = jnp.asarray(data.test_labels[: config.probe_images])
+    drift_x = vt.normalise(probe_x[: config.drift_images], mean, std)
+    has_mask = method.mask_mode != "none"
+
+    def probe(initial, state) -> dict[str, jax.Array]:
+        variables = variables_of(state.params, state.constants)
+        logits = model.apply(variables, vt.normalise(probe_x, mean, std))
+        attention = sweep.sown(model, variables, drift_x, "attention")
+        attention_0 = sweep.sown(model, variables_of(initial.params, initial.constants), drift_x, "attention")
+        out = {
+            "test_acc_probe": (logits.argmax(-1) == probe_y).mean(),
+            "test_loss_probe": optax.softmax_cross_entropy_with_integer_labels(logits, probe_y).mean(),
+            "attention_drift": probes.row_total_variation(attention, attention_0).mean(axis=(1, 2, 3)),
+        }
+        if has_mask:
+            out |= probes.mask_persistence(
+                sweep.mask_logits_of(model, method, variables_of(initial.params, initial.constants)),
+                sweep.mask_logits_of(model, method, variables),
+            )
+        return out
+
+    started = time.time()
+    label = f"{data.name} {fraction:g} {method.name}"
+    initial, final, history, curves, curve_steps = sweep.train_batch(
+        batch, label, log, checkpoints, resume, probe=probe, data_per_run=batch.data_per_run, augment=batch.augment
+    )
+    test_acc, test_loss = evaluate(model, final, data, mean, std, config.eval_batch)
+    pattern_error = layer0_pattern_error(model, initial, drift_x, batch.target)
+    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, ~np.isfinite(test_loss))
+    records = []
+    for i, seed in enumerate(seeds):
+        diverged = outcomes[i]["diverged"]
+        records.append(
+            {
+                "dataset": data.name,
+                "train_fraction": fraction,
+                "method": method.name,
+                "seed": int(seed),
+                "n_train": int(n_train),
+                "test_acc": None if diverged else float(test_acc[i]),
+                "test_loss": None if diverged else float(test_loss[i]),
+                "pattern_error_init": pattern_error[i],
+                "drift_steps": curve_steps,
+                **{name: np.round(series[i].astype(np.float64), 6).tolist() for name, series in curves.items()},
+                **outcomes[i],
+            }
+        )
+    first = vt.normalise(jnp.asarray(data.test_images[:1]), mean, std)
+    start, end = (jax.tree.map(lambda a: a[0], s) for s in (initial, final))
+    start_vars, end_vars = variables_of(start.params, start.constants), variables_of(end.params, end.constants)
+    plots = {"attention": to_host(sweep.sown(model, end_vars, first, "attention"))[:, 0]}
+    if has_mask:
+        plots["mask_init"] = to_host(sweep.mask_logits_of(model, method, start_vars))
+        plots["mask_final"] = to_host(sweep.mask_logits_of(model, method, end_vars))
+    return records, plots
+
+
+def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs])."""
+    n = len(data.test_labels)
+    size = min(eval_batch, n)
+    if n % size:
+        raise ValueError(f"test split of {n} images is not a multiple of eval_batch {size}")
+    images = jnp.asarray(data.test_images).reshape(n // size, size, *data.image_shape)
+    labels = jnp.asarray(data.test_labels).reshape(n // size, size)
+
+    @jax.jit
+    @jax.vmap
+    def one_run(params, constants):
+        variables = variables_of(params, constants)
+
+        def chunk(batch):
+            x, y = batch
+            logits = model.apply(variables, vt.normalise(x, mean, std))
+            return (logits.argmax(-1) == y).sum(), optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+
+        correct, total = jax.lax.map(chunk, (images, labels))
+        return correct.sum() / n, total.sum() / n
+
+    acc, loss = one_run(state.params, state.constants)
+    return to_host(acc), to_host(loss)
+
+
+def layer0_pattern_error(model: ViT, initial, images: jax.Array, target_HNN: np.ndarray) -> list[float]:
+    """Per run, the mean total-variation distance of layer 0's attention rows at init from the target's."""
+
+    @jax.jit
+    @jax.vmap
+    def layer0(params, constants):
+        return sweep.sown(model, variables_of(params, constants), images, "attention")[0]
+
+    attention = to_host(layer0(initial.params, initial.constants)).astype(np.float64)
+    return [float(0.5 * np.abs(a - target_HNN[None]).sum(-1).mean()) for a in attention]

@@ -1,0 +1,254 @@
+"""The study protocol and the one sweep runner every study CLI uses.
+
+A study is a task, a model, a config and a thin CLI. What they all share lives here: presets by
+name, one key per seed, a method's initial mask from the task's own patterns, the init that puts a
+QK prior into a fresh model, the fields every record carries (divergence, the end-of-training loss,
+the batch), and the runner: check the output folder, write config.json, skip the batches already
+in results.jsonl, checkpoint each batch, append its records and rewrite the outputs atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskjax import priors, qk_priors, report
+from maskjax.checkpoint import SweepCheckpoints
+from maskjax.methods import Method
+from maskjax.train import InitRun, TrainConfig, Trained, first_nonfinite_step, train
+
+Config = TypeVar("Config")
+Log = Callable[[str], None]
+# A task's mask patterns: (kind, seed) -> boolean open matrix [N, N]; kinds as Method.mask_pattern.
+Patterns = Callable[[str, int], np.ndarray]
+
+
+class SweepError(ValueError):
+    """An output folder that cannot be used as asked (another config, nothing to resume)."""
+
+
+def get_preset(presets: Mapping[str, Config], name: str) -> Config:
+    if name not in presets:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+    return presets[name]
+
+
+def seed_keys(seeds: Sequence[int]) -> jax.Array:
+    """One PRNG key per run, from its seed alone, so a run does not depend on its batch."""
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def mask_kind(method: Method) -> str:
+    """The kind of task pattern a method's mask is built from; the oracle's for no mask or a zero mask,
+    whose shape is all they take from it."""
+    return "oracle" if method.mask_pattern in ("none", "zero") else method.mask_pattern
+
+
+def initial_mask_logits(patterns: Patterns, method: Method, seed: int, values: tuple[float, float]) -> np.ndarray:
+    """The method's initial M [N, N] for one run: all zeros for the zero mask, otherwise the task's
+    pattern of the method's kind at the (open, closed) values. Methods without a mask get the oracle's
+    (the model ignores it), so every method of a study builds the same inputs."""
+    pattern = patterns(mask_kind(method), seed)
+    if method.mask_pattern == "zero":
+        return np.zeros(pattern.shape, np.float32)
+    return np.asarray(priors.mask_logits(pattern, *values))
+
+
+def prior_init(
+    build: Callable[..., Any],
+    method: Method,
+    sample: jax.Array,
+    pattern_HNN: jax.Array,
+    target_HNN: jax.Array,
+    qk_opt_steps: int,
+) -> InitRun:
+    """init_run(key, *mask_logits) for `train`: build(*mask_logits) initialised on `sample` from the run's
+    key itself (so adding a method never changes the others), then the method's QK prior put into
+    W_Q, W_K (`qk_priors.with_qk_prior`, drawn from fold_in(key, 1))."""
+
+    def init_run(key: jax.Array, *mask_logits: jax.Array) -> tuple[dict, dict]:
+        variables = build(*mask_logits).init(key, sample)
+        params = qk_priors.with_qk_prior(
+            variables["params"],
+            jax.random.fold_in(key, 1),
+            method.qk_init,
+            pattern_HNN,
+            target_HNN,
+            opt_steps=qk_opt_steps,
+        )
+        return params, variables.get("constants", {})
+
+    return init_run
+
+
+def train_batch(
+    batch: Any, label: str, log: Log | None, checkpoints: SweepCheckpoints | None, resume: bool, **options: Any
+) -> Trained:
+    """`train` on a study's batch: anything with init_run, loss, run_keys, run_masks (each run's initial M,
+    the one per-run input every study passes), data and train_config. options go to `train` (probe,
+    data_per_run, augment)."""
+    return train(
+        batch.init_run,
+        batch.loss,
+        batch.run_keys,
+        (batch.run_masks,),
+        batch.data,
+        batch.train_config,
+        log,
+        label=label,
+        checkpoints=checkpoints,
+        resume=resume,
+        **options,
+    )
+
+
+def sown(model: Any, variables: dict, x: jax.Array, name: str) -> jax.Array:
+    """What every block's attention sowed under `name` on the inputs x (blocks named block_{i} at the top
+    of the model): [layers, batch, heads, tokens, tokens]."""
+    _, state = model.apply(variables, x, mutable=["intermediates"])
+    blocks = state["intermediates"]
+    return jnp.stack([blocks[f"block_{i}"]["attn"][name][0] for i in range(model.config.depth)])
+
+
+def mask_logits_of(model: Any, method: Method, variables: dict) -> jax.Array:
+    """The mask logits M of every layer, [layers, heads, N, N], from params (learnable) or constants (fixed)."""
+    collection = "params" if method.mask_mode == "learnable" else "constants"
+    return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
+
+
+def end_loss(losses_S: np.ndarray) -> float:
+    """The training loss a run ends at: the mean of its last 5% of steps (at least one)."""
+    return float(np.mean(losses_S[-max(1, losses_S.shape[0] // 20) :]))
+
+
+def outcome_fields(
+    losses_RS: np.ndarray, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
+) -> list[dict]:
+    """Per run, what every study records about its training: the end loss (None once diverged),
+    whether and where the loss went non-finite (`failed` adds runs whose outputs did), the schedule
+    and the batch it shared."""
+    diverged_at = first_nonfinite_step(losses_RS)
+    fields = []
+    for i in range(losses_RS.shape[0]):
+        diverged = bool(diverged_at[i]) or bool(failed is not None and failed[i])
+        fields.append(
+            {
+                "train_loss": None if diverged else end_loss(losses_RS[i]),
+                "diverged": diverged,
+                "diverged_at_step": int(diverged_at[i]) or None,
+                "steps": int(config.steps),
+                "learning_rate": config.learning_rate,
+                "optimizer": config.optimizer,
+                "mask_weight_decay": config.mask_weight_decay,
+                "runs_in_batch": int(losses_RS.shape[0]),
+                "batch_seconds": round(seconds, 2),
+            }
+        )
+    return fields
+
+
+@dataclasses.dataclass(frozen=True)
+class RunControl:
+    """How a sweep treats its output folder: checkpoint cadence, resume, overwrite."""
+
+    checkpoint_every: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+    """One vmapped batch of a sweep. fields: the record fields all its runs share and that name it in
+    results.jsonl (e.g. task and method); runs: how many records it writes; train(checkpoints, resume)
+    trains it and returns its records."""
+
+    name: str
+    fields: dict[str, Any]
+    runs: int
+    train: Callable[[SweepCheckpoints, bool], list[dict]]
+
+    def done_in(self, records: list[dict]) -> bool:
+        return sum(all(r.get(k) == v for k, v in self.fields.items()) for r in records) == self.runs
+
+
+def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
+    """Check `out` against the config it holds; return the records a resumed run keeps.
+
+    A folder with results of another config is refused unless overwrite; resume needs a folder
+    written by the same config. `config` excludes the environment (commit, devices).
+    """
+    out = report.ensure_writable_dir(out)
+    config_path, results_path = out / "config.json", out / "results.jsonl"
+    held = None
+    if config_path.exists():
+        try:
+            held = {k: v for k, v in json.loads(config_path.read_text()).items() if k != "environment"}
+        except (OSError, json.JSONDecodeError):
+            raise SweepError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
+    same = held == json.loads(json.dumps(config, default=str))
+    if control.resume and control.overwrite:
+        raise SweepError("--resume and --overwrite exclude each other")
+    if control.resume:
+        if held is None:
+            raise SweepError(f"nothing to resume in {out}: no config.json from an earlier run")
+        if not same:
+            raise SweepError(f"cannot resume: {out} holds a run of a different config")
+        return report.read_jsonl(results_path) if results_path.exists() else []
+    if held is not None and not same and not control.overwrite:
+        raise SweepError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
+    if control.overwrite:
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return []
+
+
+def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict], dict]:
+    """Prepare `out`, write its config.json; return (records kept from a resumed run, the metadata every
+    new record carries: config, git commit, JAX version, devices)."""
+    records = prepare_out(out, config, control)
+    env = report.environment()
+    report.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
+    return records, {"config": config, **env}
+
+
+def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunControl) -> SweepCheckpoints:
+    """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
+    directory = out / "checkpoints" / name
+    if not control.resume:
+        shutil.rmtree(directory, ignore_errors=True)
+    return SweepCheckpoints(directory, fingerprint, control.checkpoint_every)
+
+
+def run_sweep(
+    out: Path,
+    config: dict,
+    batches: Sequence[BatchSpec],
+    write: Callable[[Path, list[dict]], Any],
+    control: RunControl,
+    log: Log,
+    on_batch: Callable[[BatchSpec, list[dict]], None] | None = None,
+) -> list[dict]:
+    """Train every batch not yet in out/results.jsonl, in order; after each, append its records (with the
+    sweep's metadata), call write(out, records) and then on_batch(spec, records) with every record so
+    far (for plots). Returns all records."""
+    records, meta = open_sweep(out, config, control)
+    for spec in batches:
+        if spec.done_in(records):
+            log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
+            continue
+        checkpoints = batch_checkpoints(out, spec.name, {"config": config, "batch": spec.name}, control)
+        batch = spec.train(checkpoints, control.resume)
+        records += [{**r, **meta} for r in batch]
+        write(out, records)
+        shutil.rmtree(checkpoints.directory, ignore_errors=True)
+        if on_batch is not None:
+            on_batch(spec, records)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    return records

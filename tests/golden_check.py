@@ -1,0 +1,29 @@
+"""Compare a CLI run's records with the golden ones a commit before a refactor wrote (tests/golden)."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+GOLDEN = Path(__file__).parent / "golden"
+IDENTITY = ("task", "op", "train_fraction", "method", "seed")
+ENVIRONMENT = {"jax_version"}
+
+
+def assert_matches_golden(records: list[dict], name: str) -> None:
+    """Every field of every golden record equals the new run's: bit for bit under the JAX version and
+    platform the golden file was written with, to 1e-5 relative under any other."""
+    golden = [json.loads(line) for line in (GOLDEN / f"{name}_test_preset.jsonl").read_text().splitlines()]
+    exact = all(g["jax_version"] == jax.__version__ for g in golden) and jax.default_backend() == "cpu"
+    new = {tuple(r.get(k) for k in IDENTITY): r for r in records}
+    assert len(new) == len(golden)
+    for g in golden:
+        r = new[tuple(g.get(k) for k in IDENTITY)]
+        for field, value in g.items():
+            if field in ENVIRONMENT:
+                continue
+            if exact or not isinstance(value, (float, list)):
+                assert r[field] == value, (field, r[field], value)
+            else:
+                np.testing.assert_allclose(np.asarray(r[field], float), np.asarray(value, float), rtol=1e-5)

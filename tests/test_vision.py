@@ -1,0 +1,237 @@
+"""The vision study's parts: locality prior, loaders (offline), augmentation, the ViT and the CLI."""
+
+import gzip
+import json
+import pickle
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maskjax import priors
+from maskjax.data import images
+from maskjax.methods import get_method
+from maskjax.models.layers import ModelConfig
+from maskjax.models.vit import ViT
+from maskjax.tasks import vision as vt
+
+
+def write_idx(path, array: np.ndarray, compress: bool = True) -> None:
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    raw = header + np.ascontiguousarray(array, np.uint8).tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+@pytest.fixture(scope="module")
+def tiny_fashion(tmp_path_factory):
+    """A Fashion-MNIST-shaped folder: 40 train images (4 per class) and 16 test images, 28 x 28."""
+    folder = tmp_path_factory.mktemp("fashion")
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 40), ("t10k", 16)):
+        labels = np.arange(n) % 10
+        write_idx(folder / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 256, (n, 28, 28)))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return folder
+
+
+def test_locality_open_counts_corner_edge_interior():
+    open_ = priors.locality_pattern(5, radius=1)
+    counts = open_.sum(1).reshape(5, 5)
+    assert counts[0, 0] == counts[0, 4] == counts[4, 0] == counts[4, 4] == 4
+    assert counts[0, 2] == counts[2, 0] == counts[4, 2] == counts[2, 4] == 6
+    assert counts[2, 2] == counts[1, 1] == 9
+    np.testing.assert_array_equal(open_, open_.T)
+    np.testing.assert_array_equal(priors.locality_pattern(5, radius=0), np.eye(25, dtype=bool))
+    assert priors.locality_pattern(5, radius=4).all()
+
+
+def test_locality_cls_policies_and_bad_input():
+    with_cls = priors.locality_pattern(3, 1, "open")
+    assert with_cls.shape == (10, 10) and with_cls[0].all() and with_cls[:, 0].all()
+    np.testing.assert_array_equal(with_cls[1:, 1:], priors.locality_pattern(3, 1))
+    alone = priors.locality_pattern(3, 1, "self")
+    assert alone[0].sum() == 1 and alone[1:, 0].sum() == 0
+    with pytest.raises(ValueError, match="radius"):
+        priors.locality_pattern(3, -1)
+    with pytest.raises(ValueError, match="CLS policy"):
+        priors.locality_pattern(3, 1, "everywhere")
+
+
+def test_random_rows_keep_each_rows_count_and_the_diagonal():
+    reference = priors.locality_pattern(4, 1)
+    placebo = priors.random_rows(reference, seed=3)
+    np.testing.assert_array_equal(placebo.sum(1), reference.sum(1))
+    assert placebo.diagonal().all() and not np.array_equal(placebo, reference)
+    np.testing.assert_array_equal(placebo, priors.random_rows(reference, seed=3))
+
+
+def test_read_idx_round_trip_and_errors(tmp_path):
+    array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    write_idx(tmp_path / "a.gz", array)
+    write_idx(tmp_path / "b", array, compress=False)
+    np.testing.assert_array_equal(images.read_idx(tmp_path / "a.gz"), array)
+    np.testing.assert_array_equal(images.read_idx(tmp_path / "b"), array)
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError, match="magic"):
+        images.read_idx(tmp_path / "bad")
+    (tmp_path / "short").write_bytes((tmp_path / "b").read_bytes()[:-3])
+    with pytest.raises(ValueError, match="promises"):
+        images.read_idx(tmp_path / "short")
+    with pytest.raises(FileNotFoundError):
+        images.read_idx(tmp_path / "missing")
+
+
+def test_fashion_mnist_loader_on_a_tiny_folder(tiny_fashion, tmp_path):
+    data = images.load("fashion_mnist", tiny_fashion)
+    assert data.train_images.shape == (40, 28, 28, 1) and data.test_images.shape == (16, 28, 28, 1)
+    assert data.train_labels.dtype == np.int32 and data.num_classes == 10
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        images.load("fashion_mnist", tmp_path / "nowhere")
+
+
+def test_cifar_loaders_read_the_python_pickles(tmp_path):
+    rng = np.random.default_rng(0)
+    c10 = tmp_path / "cifar-10-batches-py"
+    c10.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (3, 3072), dtype=np.uint8), b"labels": [1, 2, 3]}
+        (c10 / name).write_bytes(pickle.dumps(batch))
+    data = images.load("cifar10", tmp_path)
+    assert data.train_images.shape == (15, 32, 32, 3) and data.test_images.shape == (3, 32, 32, 3)
+    first = pickle.loads((c10 / "data_batch_1").read_bytes())[b"data"][0]
+    np.testing.assert_array_equal(data.train_images[0, :, :, 0].ravel(), first[:1024])  # red plane first
+    c100 = tmp_path / "c100"
+    c100.mkdir()
+    for name in ("train", "test"):
+        batch = {b"data": rng.integers(0, 256, (2, 3072), dtype=np.uint8), b"fine_labels": [7, 99]}
+        (c100 / name).write_bytes(pickle.dumps(batch))
+    data = images.load("cifar100", c100)
+    assert data.num_classes == 100 and list(data.test_labels) == [7, 99]
+    with pytest.raises(FileNotFoundError):
+        images.load("cifar10", tmp_path / "empty")
+
+
+def test_cifar_through_tfds_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=6):
+        data = images.load_cifar("cifar10")
+    assert data.train_images.shape[1:] == (32, 32, 3) and data.num_classes == 10
+
+
+def test_image_folder_loader(tmp_path):
+    from PIL import Image
+
+    for part in ("train", "val"):
+        for cls in ("n01", "n02"):
+            (tmp_path / part / cls).mkdir(parents=True)
+            Image.new("RGB", (20, 12), (10, 20, 30)).save(tmp_path / part / cls / "x.png")
+    data = images.load("imagenet100", tmp_path, image_size=16)
+    assert data.train_images.shape == (2, 16, 16, 3) and list(data.train_labels) == [0, 1]
+    assert data.num_classes == 2 and data.train_images[0, 0, 0].tolist() == [10, 20, 30]
+
+
+def test_augmentation_is_deterministic_per_key_and_only_moves_pixels():
+    batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 8, 8, 1)), jnp.uint8)
+    a = vt.augment(jax.random.key(1), batch, pad=2, flip=True)
+    chex.assert_trees_all_equal(a, vt.augment(jax.random.key(1), batch, pad=2, flip=True))
+    assert not np.array_equal(a, vt.augment(jax.random.key(2), batch, pad=2, flip=True))
+    chex.assert_shape(a, batch.shape)
+    chex.assert_trees_all_equal(vt.augment(jax.random.key(1), batch, pad=0, flip=False), batch)
+    flipped = vt.augment(jax.random.key(1), batch, pad=0, flip=True)
+    for original, out in zip(np.asarray(batch), np.asarray(flipped), strict=True):
+        assert np.array_equal(out, original) or np.array_equal(out, original[:, ::-1])
+
+
+def test_balanced_subset():
+    labels = np.repeat(np.arange(5), 20)
+    subset = vt.balanced_subset(labels, 0.1, seed=0)
+    assert np.bincount(labels[subset]).tolist() == [2] * 5
+    np.testing.assert_array_equal(subset, vt.balanced_subset(labels, 0.1, seed=0))
+    assert not np.array_equal(subset, vt.balanced_subset(labels, 0.1, seed=1))
+    assert len(vt.balanced_subset(labels, 1.0, seed=0)) == 100
+
+
+def test_vit_shapes_pooling_and_zero_head():
+    config = ModelConfig(dim=16, depth=2, heads=2, head_dim=8, mlp_dim=16)
+    x = jnp.ones((3, 8, 8, 1))
+    for pool, tokens in (("gap", 16), ("cls", 17)):
+        model = ViT(5, 8, 2, config, "learnable", jnp.zeros((tokens, tokens)), pool=pool)
+        variables = model.init(jax.random.key(0), x)
+        chex.assert_shape(variables["params"]["pos_embed"], (tokens, 16))
+        chex.assert_shape(variables["params"]["block_0"]["attn"]["mask_logits"], (2, tokens, tokens))
+        logits = model.apply(variables, x)
+        chex.assert_shape(logits, (3, 5))
+        np.testing.assert_array_equal(logits, 0.0)
+    with pytest.raises(ValueError, match="does not divide"):
+        ViT(5, 8, 3, config).init(jax.random.key(0), x)
+
+
+def test_impulse_targets_are_shifted_identities():
+    from maskjax.studies import vision as study
+
+    data = images.ImageData("fashion_mnist", *(np.zeros((8, 8, 8, 1), np.uint8), np.zeros(8, np.int32)) * 2, 10)
+    config = study.get_preset("test")
+    task = study.make_task(data, config)
+    assert task.grid == 2 and task.tokens == 4
+    pattern, target = study.qk_target(task, get_method("impulse"), config)
+    chex.assert_shape(pattern, (2, 4, 4))
+    np.testing.assert_allclose(target.sum(-1), 1.0)
+    # head 0 is the identity (centre offset), head 1 looks one row up (itself on the top row)
+    np.testing.assert_array_equal(pattern[0], np.eye(4, dtype=bool))
+    assert pattern[1][2, 0] and pattern[1][0, 0]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--dataset=mnist"], "invalid choice"),
+        (["--data-dir=/nonexistent/folder"], "dataset-fashion-mnist"),
+        (["--patch-size=5"], "does not divide"),
+        (["--radius=-1"], "radius"),
+        (["--methods=qk_opt"], "not defined for the vision study"),
+        (["--seeds=0"], "positive integer"),
+    ],
+)
+def test_cli_bad_input_exits_2_in_one_line(cli, tmp_path, tiny_fashion, flags, message):
+    args = [f"--data-dir={tiny_fashion}", "--preset=test", f"--out={tmp_path / 'out'}", *flags]
+    result = cli("experiments.vision", *args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_end_to_end_and_batch_equals_alone(cli, tmp_path, tiny_fashion):
+    common = [f"--data-dir={tiny_fashion}", "--preset=test", "--train-fraction=0.5,1"]
+    out = tmp_path / "run"
+    result = cli("experiments.vision", *common, "--seeds=2", "--methods=vanilla,mask,impulse", f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 3 * 2
+    for r in records:
+        assert 0 <= r["test_acc"] <= 1 and r["git_commit"] and r["config"]["study"] == "vision"
+        assert len(r["test_acc_probe"]) == len(r["drift_steps"]) == 3
+    mask = next(r for r in records if r["method"] == "mask")
+    assert len(mask["mask_sign_kept"][-1]) == 1 and 0 <= mask["mask_sign_kept"][-1][0] <= 1
+    assert {r["n_train"] for r in records} == {20, 40}
+    for png in ("curves_fashion_mnist_0.5.png", "attention_fashion_mnist_1.png", "mask_fashion_mnist_1_mask.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert "mask against each method, paired by seed" in (out / "summary.md").read_text()
+    alone = tmp_path / "alone"
+    result = cli("experiments.vision", *common, "--seeds=1", "--methods=mask", f"--out={alone}")
+    assert result.returncode == 0, result.stderr
+    for single in (json.loads(line) for line in (alone / "results.jsonl").read_text().splitlines()):
+        batched = next(
+            r for r in records if (r["method"], r["seed"], r["train_fraction"]) == ("mask", 0, single["train_fraction"])
+        )
+        np.testing.assert_allclose(single["test_loss"], batched["test_loss"], rtol=1e-5)
+        np.testing.assert_allclose(single["test_acc_probe"], batched["test_acc_probe"], atol=1e-6)
+
+
+def test_vision_step_benchmark_prints_its_table(cli, tiny_fashion):
+    result = cli(
+        "benchmarks.vision_step", "--preset=test", f"--data-dir={tiny_fashion}", "--seeds=1", "--steps=2", "--repeats=1"
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| mask | 1 |")]
+    assert len(rows) == 1 and float(rows[0].split("|")[3]) > 0
