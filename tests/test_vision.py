@@ -178,9 +178,11 @@ def test_impulse_targets_are_shifted_identities():
     pattern, target = study.qk_target(task, get_method("impulse"), config)
     chex.assert_shape(pattern, (2, 4, 4))
     np.testing.assert_allclose(target.sum(-1), 1.0)
-    # head 0 is the identity (centre offset), head 1 looks one row up (itself on the top row)
+    # head 0 is the identity (centre offset); head 1 looks one row up, and the top row, whose shift
+    # leaves the zero-padded grid, has no open entry and a uniform target
     np.testing.assert_array_equal(pattern[0], np.eye(4, dtype=bool))
-    assert pattern[1][2, 0] and pattern[1][0, 0]
+    assert pattern[1][2, 0] and not pattern[1][0].any()
+    np.testing.assert_allclose(target[1][0], 0.25)
 
 
 @pytest.mark.parametrize(
