@@ -15,6 +15,7 @@ timeout 120 "$py" -m benchmarks.train_step --preset=quick --seeds=1,8,64 --steps
 timeout 120 "$py" -m benchmarks.train_step --preset=paper --seeds=1,8 --steps=10 --no-torch | tee "$out/train_step_paper.txt"
 timeout 60 "$py" -m benchmarks.train_step --preset=paper --seeds=8 --steps=10 --dtype=bfloat16 --no-torch \
     | tee "$out/train_step_paper_bf16.txt"
+timeout 60 "$py" -m benchmarks.attention_impl --dtype=bfloat16 | tee "$out/attention_impl_bf16.txt"
 timeout 240 "$py" -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
     --out="$out/boolean_paper_2parity" 2>&1 | tee "$out/boolean_paper_2parity.log"
 # The vision study at the paper preset (ViT-Tiny, 200 epochs) needs CIFAR-10 on the machine: set

@@ -15,6 +15,8 @@ from pathlib import Path
 from experiments.cli import (
     Parser,
     add_run_control,
+    add_seeds,
+    finite_float,
     fraction_list,
     name_list,
     positive_float,
@@ -35,7 +37,7 @@ GROUPS = ("op", "train_fraction", "method")
 
 def parse_args(argv: list[str] | None):
     p = Parser(prog="python -m experiments.arithmetic", description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
+    add_seeds(p, 8)
     p.add_argument("--ops", type=name_list, default=["add", "mul"], help=f"comma list of {','.join(OPS)}")
     p.add_argument(
         "--train-fractions",
@@ -55,8 +57,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--epochs", type=positive_int, help="epochs over each training subset (preset: 50)")
     p.add_argument("--learning-rate", type=positive_float, help="AdamW peak learning rate (preset: 1e-3)")
     p.add_argument("--answer-format", choices=FORMATS, help="answer digit order (default reversed: units first)")
-    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +5)")
-    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -5)")
+    p.add_argument("--open", type=finite_float, dest="open_value", help="mask logit of open entries (preset: +5)")
+    p.add_argument("--closed", type=finite_float, dest="closed_value", help="mask logit of closed entries (preset: -5)")
     p.add_argument(
         "--out", type=Path, default=Path("results/arithmetic"), help="output folder (default results/arithmetic)"
     )
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     tasks, methods = study.resolve(args.ops, args.methods, config.answer_format)
-    seeds = list(range(args.seeds))
+    seeds = args.seeds
     resolved = {
         "study": "arithmetic",
         "ops": args.ops,

@@ -16,6 +16,8 @@ import numpy as np
 from experiments.cli import (
     Parser,
     add_run_control,
+    add_seeds,
+    finite_float,
     name_list,
     non_negative_float,
     positive_float,
@@ -25,6 +27,7 @@ from experiments.cli import (
     run_main,
 )
 from maskjax import priors, report
+from maskjax.errors import ConfigError
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
 from maskjax.sweep import BatchSpec, run_sweep
@@ -39,7 +42,7 @@ KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
 def add_config_flags(p: Parser, mask_values: bool = True, run_control: bool = True) -> None:
     """The flags that override a BooleanConfig preset; shared by every Boolean CLI."""
-    p.add_argument("--seeds", type=positive_int, default=8, help="number of seeds, 0..N-1 (default 8)")
+    add_seeds(p, 8)
     p.add_argument("--preset", default="quick", help=f"one of {','.join(study.PRESETS)} (default quick)")
     p.add_argument("--steps", type=positive_int, help="training steps, overriding the preset's epochs")
     p.add_argument("--learning-rate", type=positive_float, help="one learning rate for every task")
@@ -66,8 +69,8 @@ def add_config_flags(p: Parser, mask_values: bool = True, run_control: bool = Tr
         help="weight decay of the mask logits (default: the same as every other parameter's); 0 exempts them",
     )
     if mask_values:
-        p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
-        p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+        p.add_argument("--open", type=finite_float, dest="open_value", help="mask logit of open entries (+10)")
+        p.add_argument("--closed", type=finite_float, dest="closed_value", help="mask logit of closed entries (-10)")
     if run_control:
         add_run_control(p)
 
@@ -104,7 +107,7 @@ def resolve_config(args) -> study.BooleanConfig:
     }
     config = dataclasses.replace(config, model=model, schedules=schedules, **overrides)
     if config.row_policy not in priors.ROW_POLICIES:
-        raise ValueError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
+        raise ConfigError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
     return config
 
 
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     tasks, methods = study.resolve(args.tasks, args.methods, config)
-    seeds = list(range(args.seeds))
+    seeds = args.seeds
     resolved = {
         "study": "boolean",
         "tasks": args.tasks,
@@ -145,20 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = args.out
     reference = [study.mdi_record(t) for t in tasks]
-    maps: dict[str, dict[str, dict[str, np.ndarray]]] = {t.name: {} for t in tasks}
 
     def batch(task, method) -> BatchSpec:
         def train(checkpoints, resume: bool) -> list[dict]:
-            records, maps[task.name][method.name] = study.run_batch(
-                task, method, seeds, config, progress, checkpoints, resume
-            )
+            records, maps = study.run_batch(task, method, seeds, config, progress, checkpoints, resume)
+            report.write_maps(out / "maps" / f"{task.name}_{method.name}.npz", maps)
             return records
 
         return BatchSpec(f"{task.name}_{method.name}", {"task": task.name, "method": method.name}, len(seeds), train)
 
     def plot(spec: BatchSpec, records: list[dict]) -> None:
         task = next(t for t in tasks if t.name == spec.fields["task"])
-        plot_task(out, task, config, maps[task.name])
+        trained = dict.fromkeys(r["method"] for r in records if r.get("task") == task.name)
+        maps = {m: report.read_maps(out / "maps" / f"{task.name}_{m}.npz") for m in trained}
+        plot_task(out, task, config, maps)
         plot_probes(out, task.name, [r for r in records if r.get("task") == task.name])
 
     specs = [batch(task, method) for task in tasks for method in methods]

@@ -10,10 +10,11 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from maskjax.errors import ConfigError
 from maskjax.sweep import RunControl
 
 
-class UserError(Exception):
+class UserError(ConfigError):
     """Bad input from the command line: reported in one line, exit code 2."""
 
 
@@ -34,6 +35,32 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed_list(text: str) -> list[int]:
+    """--seeds: a count N (seeds 0..N-1), a comma list (3,5,9) or a range START:STOP (8:16 is 8..15)."""
+    try:
+        if ":" in text:
+            start, stop = (int(t) for t in text.split(":"))
+            seeds = list(range(start, stop))
+        elif "," in text:
+            seeds = [int(t) for t in text.split(",") if t.strip()]
+        else:
+            seeds = list(range(int(text)))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count N, a list 3,5,9 or a range 8:16, got {text!r}") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected at least one seed, none negative or repeated, got {text!r}")
+    return seeds
+
+
+def add_seeds(parser: argparse.ArgumentParser, default: int) -> None:
+    parser.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=list(range(default)),
+        help=f"a count N (seeds 0..N-1), a list 3,5,9 or a range 8:16 (default {default})",
+    )
+
+
 def _float(text: str, accept: Callable[[float], bool], expected: str) -> float:
     try:
         value = float(text)
@@ -45,7 +72,11 @@ def _float(text: str, accept: Callable[[float], bool], expected: str) -> float:
 
 
 def positive_float(text: str) -> float:
-    return _float(text, lambda v: v > 0, "a positive number")
+    return _float(text, lambda v: bool(np.isfinite(v)) and v > 0, "a finite number > 0")
+
+
+def finite_float(text: str) -> float:
+    return _float(text, lambda v: bool(np.isfinite(v)), "a finite number")
 
 
 def non_negative_float(text: str) -> float:
@@ -97,11 +128,12 @@ def initialize_distributed() -> None:
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
-    """Run a CLI body; bad input becomes `error: ...` on stderr and exit 2, never a traceback."""
+    """Run a CLI body; bad input (`ConfigError`) becomes `error: ...` on stderr and exit 2. Any other exception
+    is a bug, or the environment failing, and keeps its traceback."""
     try:
         initialize_distributed()
         return main(argv)
-    except (UserError, ValueError, OSError) as e:
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

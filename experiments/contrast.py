@@ -17,6 +17,7 @@ import numpy as np
 from experiments.boolean import add_config_flags, resolve_config
 from experiments.cli import Parser, float_list, progress, run_control, run_main
 from maskjax import report
+from maskjax.errors import ConfigError
 from maskjax.studies import boolean as study
 from maskjax.sweep import BatchSpec, run_sweep
 
@@ -41,16 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     config = resolve_config(args)
     (task,), (method,) = study.resolve([args.task], [args.method], config)
     if method.mask_pattern != "oracle":
-        raise ValueError(f"--method={method.name}: the contrast sweep needs a method with the oracle mask")
+        raise ConfigError(f"--method={method.name}: the contrast sweep needs a method with the oracle mask")
     grid = list(itertools.product(args.open, args.closed))
-    runs = [(o, c, seed) for o, c in grid for seed in range(args.seeds)]
+    runs = [(o, c, seed) for o, c in grid for seed in args.seeds]
     resolved = {
         "study": "contrast",
         "task": task.name,
         "method": method.name,
         "open": args.open,
         "closed": args.closed,
-        "seeds": list(range(args.seeds)),
+        "seeds": args.seeds,
         **dataclasses.asdict(config),
         "steps": config.train_config(task).steps,
         "train": dataclasses.asdict(config.train_config(task)),
@@ -58,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
 
     def train(checkpoints, resume: bool) -> list[dict]:
-        progress(f"{task.name} {method.name}: {len(grid)} contrasts x {args.seeds} seeds = {len(runs)} runs, one batch")
+        shape = f"{len(grid)} contrasts x {len(args.seeds)} seeds = {len(runs)} runs"
+        progress(f"{task.name} {method.name}: {shape}, one batch")
         seeds = [seed for _, _, seed in runs]
         values = [(o, c) for o, c, _ in runs]
         return study.run_batch(task, method, seeds, config, progress, checkpoints, resume, mask_values=values)[0]

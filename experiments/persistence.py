@@ -1,6 +1,6 @@
 """Does the mask move less than the other priors, seed for seed? python -m experiments.persistence DIR [DIR ...]
 
-Pairs every run with the `mask` run of the same task, optimizer, mask weight decay and seed, and
+Pairs every run with the `mask` run of the same task, row policy, optimizer, mask weight decay and seed, and
 counts the seeds in which its layer-0 attention drifted further by the end of training
 (`attention_drift`, the cube's mean), with a two-sided sign test. Prints one markdown table.
 """
@@ -21,7 +21,8 @@ def parse_args(argv: list[str] | None):
 
 
 def condition(record: dict) -> tuple:
-    return record["task"], record.get("optimizer", "adam"), record.get("mask_weight_decay")
+    row_policy = record.get("config", {}).get("row_policy", "diagonal")
+    return record["task"], row_policy, record.get("optimizer", "adam"), record.get("mask_weight_decay")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,19 +33,25 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             raise UserError(f"{path} does not exist")
         for r in report.read_jsonl(path):
-            if "attention_drift" in r:
-                drift.setdefault((condition(r), r["method"]), {})[r["seed"]] = r["attention_drift"][-1][0]
-    lines = ["| task | optimizer | mask decay | method | seeds paired | drifts further than mask | sign test p |"]
-    lines.append("|---|---|---|---|---|---|---|")
+            if "attention_drift" not in r:
+                continue
+            by_seed = drift.setdefault((condition(r), r["method"]), {})
+            if r["seed"] in by_seed:
+                raise UserError(f"{r['method']} seed {r['seed']} of {condition(r)} appears twice; pass each run once")
+            by_seed[r["seed"]] = r["attention_drift"][-1][0]
+    columns = ("task", "row policy", "optimizer", "mask decay", "method", "seeds paired", "drifts further than mask",
+               "sign test p")
+    lines = ["| " + " | ".join(columns) + " |"]
+    lines.append("|---|---|---|---|---|---|---|---|")
     for (cond, method), by_seed in sorted(drift.items(), key=str):
         mask = drift.get((cond, "mask"))
         if method == "mask" or mask is None:
             continue
         diffs = [by_seed[s] - mask[s] for s in sorted(by_seed) if s in mask]
         further = sum(d > 0 for d in diffs)
-        decay = "-" if cond[2] is None else cond[2]
+        decay = "-" if cond[3] is None else cond[3]
         lines.append(
-            f"| {cond[0]} | {cond[1]} | {decay} | {method} | {len(diffs)} | {further}/{len(diffs)} "
+            f"| {cond[0]} | {cond[1]} | {cond[2]} | {decay} | {method} | {len(diffs)} | {further}/{len(diffs)} "
             f"| {report.sign_test_p(diffs):.3g} |"
         )
     print("\n".join(lines))

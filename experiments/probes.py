@@ -21,6 +21,7 @@ import numpy as np
 
 from experiments.cli import Parser, run_main
 from maskjax import report
+from maskjax.errors import ConfigError
 
 KEYS = (
     "pattern_error_init",
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     for folder in args.dirs:
         path = folder / "results.jsonl"
         if not path.is_file():
-            raise ValueError(f"{path} does not exist")
+            raise ConfigError(f"{path} does not exist")
         rows += [probe_record(r) for r in report.read_jsonl(path) if "attention_drift" in r]
     if not rows:
-        raise ValueError("no record carries probes (attention_drift, grad_norm_qk, ...)")
+        raise ConfigError("no record carries probes (attention_drift, grad_norm_qk, ...)")
     table = report.summary_table(rows, KEYS, GROUPS)
     out = args.out or args.dirs[0] / "probes.md"
     sources = ", ".join(str(d) for d in args.dirs)

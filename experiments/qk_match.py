@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     tasks, methods = study.resolve(args.tasks, args.methods, config)
-    seeds = list(range(args.seeds))
+    seeds = args.seeds
     resolved = {"study": "qk_match", "tasks": args.tasks, "methods": args.methods, "seeds": seeds}
     resolved.update(dataclasses.asdict(config))
     _, meta = open_sweep(args.out, resolved, RunControl(overwrite=args.overwrite))

@@ -18,6 +18,8 @@ import numpy as np
 from experiments.cli import (
     Parser,
     add_run_control,
+    add_seeds,
+    finite_float,
     fraction_list,
     name_list,
     non_negative_float,
@@ -29,6 +31,7 @@ from experiments.cli import (
 )
 from maskjax import report
 from maskjax.data import images
+from maskjax.errors import ConfigError
 from maskjax.studies import vision as study
 from maskjax.sweep import BatchSpec, run_sweep
 
@@ -42,7 +45,7 @@ MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
 def non_negative_int(text: str) -> int:
     value = non_negative_float(text)
     if value != int(value):
-        raise ValueError(f"expected a whole number >= 0, got {text!r}")
+        raise ConfigError(f"expected a whole number >= 0, got {text!r}")
     return int(value)
 
 
@@ -51,7 +54,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--dataset", default="fashion_mnist", choices=images.DATASETS, help="default fashion_mnist")
     p.add_argument("--data-dir", type=Path, help="folder holding the dataset's files (see README)")
     p.add_argument("--image-size", type=positive_int, help="resolution ImageNet-100 is read at (default 64)")
-    p.add_argument("--seeds", type=positive_int, default=4, help="number of seeds, 0..N-1 (default 4)")
+    add_seeds(p, 4)
     p.add_argument(
         "--methods",
         type=name_list,
@@ -72,8 +75,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--patch-size", type=positive_int, help="patch size (must divide the image size)")
     p.add_argument("--radius", type=non_negative_int, help="Chebyshev radius of the locality mask (preset: 1)")
     p.add_argument("--pool", choices=("gap", "cls"), help="global average pooling (default) or a CLS token")
-    p.add_argument("--open", type=float, dest="open_value", help="mask logit of open entries (preset: +10)")
-    p.add_argument("--closed", type=float, dest="closed_value", help="mask logit of closed entries (preset: -10)")
+    p.add_argument("--open", type=finite_float, dest="open_value", help="mask logit of open entries (preset +10)")
+    p.add_argument("--closed", type=finite_float, dest="closed_value", help="mask logit of closed entries (preset -10)")
     for flag in MODEL_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"model {flag}")
     p.add_argument("--out", type=Path, default=Path("results/vision"), help="output folder (default results/vision)")
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     methods = study.resolve(args.methods)
-    seeds = list(range(args.seeds))
+    seeds = args.seeds
     progress(f"reading {args.dataset}")
     data = images.load(args.dataset, args.data_dir, args.image_size)
     task = study.make_task(data, config)
@@ -116,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         **dataclasses.asdict(config),
     }
     out = args.out
-    plots: dict[tuple[float, str], dict[str, np.ndarray]] = {}
+
+    def maps_path(fraction: float, method: str) -> Path:
+        return out / "maps" / f"{data.name}_{fraction:g}_{method}.npz"
 
     def batch(fraction: float, method) -> BatchSpec:
         def train(checkpoints, resume: bool) -> list[dict]:
-            records, plots[fraction, method.name] = study.run_batch(
-                data, method, fraction, seeds, config, progress, checkpoints, resume
-            )
+            records, maps = study.run_batch(data, method, fraction, seeds, config, progress, checkpoints, resume)
+            report.write_maps(maps_path(fraction, method.name), maps)
             return records
 
         fields = {"dataset": data.name, "train_fraction": fraction, "method": method.name}
@@ -134,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         done = [r for r in records if r["train_fraction"] == fraction]
         plot_curves(done, out / f"curves_{name}.png")
         report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
-        ours = {m: p for (f, m), p in plots.items() if f == fraction}
+        ours = {m: report.read_maps(maps_path(fraction, m)) for m in dict.fromkeys(r["method"] for r in done)}
         plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
-        if "mask_final" in plots[fraction, spec.fields["method"]]:
-            method = spec.fields["method"]
-            plot_masks(task, plots[fraction, method], out / f"mask_{name}_{method}.png")
+        method = spec.fields["method"]
+        if "mask_final" in ours[method]:
+            plot_masks(task, ours[method], out / f"mask_{name}_{method}.png")
 
     specs = [batch(fraction, method) for fraction in args.train_fraction for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)

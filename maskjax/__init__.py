@@ -5,14 +5,22 @@ from maskjax.attention import (
     NNXMaskedSelfAttention,
     attention_weights,
     check_mask_logits,
+    fused_attention,
+    mask_bias,
     masked_attention,
 )
+from maskjax.bias import MaskBias, NNXMaskBias, with_mask_bias
 
 __all__ = [
+    "MaskBias",
     "MaskedSelfAttention",
+    "NNXMaskBias",
     "NNXMaskedSelfAttention",
     "attention_weights",
     "check_mask_logits",
+    "fused_attention",
+    "mask_bias",
     "masked_attention",
+    "with_mask_bias",
 ]
 __version__ = "0.1.0"

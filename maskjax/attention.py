@@ -2,7 +2,8 @@
 
 `masked_attention` is the whole method as one pure function. `MaskedSelfAttention`
 (Flax linen) and `NNXMaskedSelfAttention` (Flax NNX) only add parameters around it,
-so either can be dropped into another model with one import.
+so either can be dropped into another model with one import; `maskjax.bias` puts the same
+bias into Flax's own attention modules instead.
 """
 
 from __future__ import annotations
@@ -16,14 +17,21 @@ import numpy as np
 from flax import linen as nn
 from flax import nnx
 
+from maskjax.errors import ConfigError
+
 MaskMode = Literal["none", "learnable", "fixed"]
 MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
+# "fused": jax.nn.dot_product_attention with the mask as its bias (a fused kernel where the backend has
+# one); "einsum": the explicit softmax the probes read; "auto": fused off CPU, einsum on CPU, so the
+# CPU results in docs/ stay bit for bit reproducible. Sown weights always take the einsum path.
+AttentionImpl = Literal["auto", "einsum", "fused"]
 
 
 def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: int, kv_len: int) -> None:
-    """Raise ValueError unless `mask_logits` broadcasts to [heads, q_len, kv_len] and is finite.
+    """Raise ValueError unless `mask_logits` broadcasts to [heads, q_len, kv_len]; host arrays must be finite.
 
-    The finiteness check runs only on concrete arrays; under a trace it is skipped.
+    Values are checked only for host (numpy) arrays: reading a device array would copy it to the host
+    on every eager call. Device masks are checked where they enter, at init (`constant_init`).
     """
     target = (heads, q_len, kv_len)
     shape = tuple(np.shape(mask_logits))
@@ -31,11 +39,22 @@ def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: in
         if np.broadcast_shapes(shape, target) != target:
             raise ValueError
     except ValueError:
-        raise ValueError(
+        raise ConfigError(
             f"mask_logits of shape {shape} does not broadcast to [heads, q_len, kv_len] = {list(target)}"
         ) from None
+    if not isinstance(mask_logits, jax.Array):
+        check_finite(mask_logits)
+
+
+def check_finite(mask_logits: jax.Array | np.ndarray) -> None:
+    """Raise ValueError if a concrete mask holds NaN or inf (a no-op under a trace)."""
     if not isinstance(mask_logits, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(mask_logits))):
-        raise ValueError(f"mask_logits of shape {shape} contains NaN or infinite values")
+        raise ConfigError(f"mask_logits of shape {tuple(np.shape(mask_logits))} contains NaN or infinite values")
+
+
+def mask_bias(mask_logits: jax.Array | np.ndarray, mask_scale: float | jax.Array = 1.0, dtype=jnp.float32) -> jax.Array:
+    """log_sigmoid(mask_scale * mask_logits): the additive logit bias, <= 0, for any attention taking a `bias`."""
+    return jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
 
 
 def qk_logits(q: jax.Array, k: jax.Array) -> jax.Array:
@@ -69,8 +88,7 @@ def biased_softmax(
     """
     if mask_logits is not None:
         check_mask_logits(mask_logits, *logits_BHQK.shape[-3:])
-        dtype = logits_BHQK.dtype
-        logits_BHQK = logits_BHQK + jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
+        logits_BHQK = logits_BHQK + mask_bias(mask_logits, mask_scale, logits_BHQK.dtype)
     if causal:
         q_len, kv_len = logits_BHQK.shape[-2:]
         visible = jnp.tril(jnp.ones((q_len, kv_len), bool), kv_len - q_len)
@@ -99,6 +117,27 @@ def masked_attention(
     return attend(weights_BHQK, v).astype(q.dtype)
 
 
+def fused_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask_logits: jax.Array | None = None,
+    *,
+    mask_scale: float | jax.Array = 1.0,
+    causal: bool = False,
+) -> jax.Array:
+    """`masked_attention` through jax.nn.dot_product_attention, the mask as its bias (same numbers to float
+    rounding; the backend may fuse it). Self-attention layout [batch..., length, heads, head_dim]."""
+    lead, (q_len, heads, _) = q.shape[:-3], q.shape[-3:]
+    q4, k4, v4 = (a.reshape((-1, *a.shape[-3:])) for a in (q, k, v))
+    bias = None
+    if mask_logits is not None:
+        check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
+        bias = jnp.broadcast_to(mask_bias(mask_logits, mask_scale, q.dtype), (1, heads, q_len, k.shape[-3]))
+    out = jax.nn.dot_product_attention(q4, k4, v4, bias=bias, is_causal=causal)
+    return out.reshape((*lead, *out.shape[1:]))
+
+
 def attend(weights_BHQK: jax.Array, v: jax.Array) -> jax.Array:
     """Mix values [batch..., kv_len, heads, head_dim] with attention weights, in v's dtype (at least float32 out)."""
     return jnp.einsum(
@@ -110,16 +149,24 @@ def attend(weights_BHQK: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def constant_init(value: jax.Array | np.ndarray) -> MaskInit:
-    """An initializer that broadcasts a fixed pattern to the requested shape."""
+    """An initializer that broadcasts a fixed pattern to the requested shape; refuses NaN / inf once, here."""
+    check_finite(value)
 
     def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype = jnp.float32) -> jax.Array:
         del key
+        value_shape = tuple(np.shape(value))
+        try:
+            np.broadcast_to(np.empty(value_shape, bool), shape)
+        except ValueError:
+            target = f"[heads, q_len, kv_len] = {list(shape)}"
+            raise ConfigError(f"mask_init of shape {value_shape} does not broadcast to the mask's {target}") from None
         return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
 
     return init
 
 
-def _as_initializer(mask_init: MaskInit | jax.Array | np.ndarray | None) -> MaskInit:
+def as_initializer(mask_init: MaskInit | jax.Array | np.ndarray | None) -> MaskInit:
+    """None -> zeros, an array -> `constant_init` of it, a callable -> itself."""
     if mask_init is None:
         return nn.initializers.zeros
     if callable(mask_init):
@@ -127,69 +174,59 @@ def _as_initializer(mask_init: MaskInit | jax.Array | np.ndarray | None) -> Mask
     return constant_init(mask_init)
 
 
+def check_mask_mode(mask_mode: str) -> None:
+    if mask_mode not in ("none", "learnable", "fixed"):
+        raise ConfigError(f"unknown mask_mode {mask_mode!r}; expected 'none', 'learnable' or 'fixed'")
+
+
+def linen_mask_logits(
+    module: nn.Module, mask_mode: MaskMode, mask_init: MaskInit | jax.Array | np.ndarray | None, shape: tuple
+) -> jax.Array | None:
+    """The mask of a linen module: param `mask_logits` (learnable), a `constants` variable (fixed), or None.
+
+    Always float32: the logits sit near +-10, where a bfloat16 step is 0.06."""
+    check_mask_mode(mask_mode)
+    if mask_mode == "none":
+        return None
+    collection = "params" if mask_mode == "learnable" else "constants"
+    if module.has_variable(collection, "mask_logits"):
+        stored = tuple(module.get_variable(collection, "mask_logits").shape)
+        if stored != tuple(shape):
+            raise ConfigError(
+                f"mask_logits of shape {stored} cannot bias this input: it needs [heads, q_len, kv_len] = {list(shape)}"
+            )
+    init = as_initializer(mask_init)
+    if mask_mode == "learnable":
+        return module.param("mask_logits", init, shape, jnp.float32)
+    key = module.make_rng("params") if module.is_initializing() else None
+    return module.variable("constants", "mask_logits", init, key, shape, jnp.float32).value
+
+
+class FixedMask(nnx.Variable):
+    """An NNX variable the optimizer does not see (filter on nnx.Param)."""
+
+
+def nnx_mask_logits(
+    mask_mode: MaskMode, mask_init: MaskInit | jax.Array | np.ndarray | None, shape: tuple, rngs: nnx.Rngs
+) -> nnx.Variable | None:
+    """The NNX twin of `linen_mask_logits`: an nnx.Param, a `FixedMask`, or None."""
+    check_mask_mode(mask_mode)
+    if mask_mode == "none":
+        return None
+    value = as_initializer(mask_init)(rngs.params(), shape, jnp.float32)
+    return nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
+
+
+def use_fused(attention_impl: AttentionImpl, sowing: bool) -> bool:
+    if attention_impl not in ("auto", "einsum", "fused"):
+        raise ConfigError(f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum' or 'fused'")
+    if sowing or attention_impl == "einsum":
+        return False
+    return attention_impl == "fused" or jax.default_backend() != "cpu"
+
+
 # Matches torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as in the GOTU reference code.
 torch_linear_init = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
-
-
-class MaskedSelfAttention(nn.Module):
-    """Multi-head self-attention with an optional per-head N x N logit bias.
-
-    mask_mode: "none" (plain attention), "learnable" (param `mask_logits`) or "fixed"
-    (a constant in the `constants` collection, which the optimizer never sees).
-    mask_init: array broadcastable to [heads, N, N], or an initializer; used at init only.
-    Attention weights and the unbiased q.k logits are sown into `intermediates/attention` and
-    `intermediates/qk_logits` when that collection is mutable.
-    dtype: of the projections (e.g. bfloat16 on accelerators); logits, bias and softmax are at least float32.
-    qk_norm: LayerNorm over head_dim on queries and keys (QK-LayerNorm), which bounds the q.k logits.
-    causal: a hard causal mask under the bias.
-    """
-
-    heads: int
-    head_dim: int
-    mask_mode: MaskMode = "none"
-    mask_init: MaskInit | jax.Array | np.ndarray | None = None
-    mask_scale: float = 1.0
-    out_features: int | None = None
-    kernel_init: Callable = torch_linear_init
-    dtype: jnp.dtype | str | None = None
-    qk_norm: bool = False
-    causal: bool = False
-
-    @nn.compact
-    def __call__(self, x_BLD: jax.Array) -> jax.Array:
-        length, features = x_BLD.shape[-2], x_BLD.shape[-1]
-        qkv = nn.DenseGeneral(
-            (3, self.heads, self.head_dim), use_bias=False, kernel_init=self.kernel_init, dtype=self.dtype, name="qkv"
-        )(x_BLD)
-        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
-        if self.qk_norm:
-            q = nn.LayerNorm(epsilon=1e-5, name="q_norm")(q)
-            k = nn.LayerNorm(epsilon=1e-5, name="k_norm")(k)
-        logits_BHQK = qk_logits(q, k)
-        self.sow("intermediates", "qk_logits", logits_BHQK)
-        weights = biased_softmax(logits_BHQK, self.mask_logits(length), self.mask_scale, self.causal)
-        self.sow("intermediates", "attention", weights)
-        out = attend(weights, v).astype(x_BLD.dtype)
-        return nn.DenseGeneral(
-            self.out_features or features,
-            axis=(-2, -1),
-            kernel_init=self.kernel_init,
-            bias_init=torch_bias_init(self.heads * self.head_dim),
-            dtype=self.dtype,
-            name="out",
-        )(out).astype(x_BLD.dtype)
-
-    def mask_logits(self, length: int) -> jax.Array | None:
-        shape = (self.heads, length, length)
-        init = _as_initializer(self.mask_init)
-        if self.mask_mode == "none":
-            return None
-        if self.mask_mode == "learnable":
-            return self.param("mask_logits", init, shape, jnp.float32)
-        if self.mask_mode == "fixed":
-            key = self.make_rng("params") if self.is_initializing() else None
-            return self.variable("constants", "mask_logits", init, key, shape, jnp.float32).value
-        raise ValueError(f"unknown mask_mode {self.mask_mode!r}; expected 'none', 'learnable' or 'fixed'")
 
 
 def torch_bias_init(fan_in: int) -> Callable:
@@ -201,12 +238,70 @@ def torch_bias_init(fan_in: int) -> Callable:
     return init
 
 
-class FixedMask(nnx.Variable):
-    """An NNX variable the optimizer does not see (filter on nnx.Param)."""
+class MaskedSelfAttention(nn.Module):
+    """Multi-head self-attention with an optional per-head N x N logit bias.
+
+    mask_mode: "none" (plain attention), "learnable" (param `mask_logits`) or "fixed"
+    (a constant in the `constants` collection, which the optimizer never sees; `apply` needs
+    `{"params": ..., "constants": ...}`, as `init` returns them).
+    mask_init: array broadcastable to [heads, N, N], or an initializer; used at init only.
+    Attention weights and the unbiased q.k logits are sown into `intermediates/attention` and
+    `intermediates/qk_logits` when that collection is mutable.
+    dtype: of the computation (e.g. bfloat16 on accelerators); logits, bias and softmax are at least
+    float32, and the output has the input's dtype. param_dtype: of the projections; the mask is float32.
+    qk_norm: LayerNorm over head_dim on queries and keys (QK-LayerNorm), which bounds the q.k logits.
+    causal: a hard causal mask under the bias.
+    attention_impl: see `AttentionImpl`.
+    """
+
+    heads: int
+    head_dim: int
+    mask_mode: MaskMode = "none"
+    mask_init: MaskInit | jax.Array | np.ndarray | None = None
+    mask_scale: float = 1.0
+    out_features: int | None = None
+    kernel_init: Callable = torch_linear_init
+    dtype: jnp.dtype | str | None = None
+    param_dtype: jnp.dtype | str = jnp.float32
+    qk_norm: bool = False
+    causal: bool = False
+    attention_impl: AttentionImpl = "auto"
+
+    @nn.compact
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        length, features = x_BLD.shape[-2], x_BLD.shape[-1]
+        dense = {"kernel_init": self.kernel_init, "dtype": self.dtype, "param_dtype": self.param_dtype}
+        qkv = nn.DenseGeneral((3, self.heads, self.head_dim), use_bias=False, name="qkv", **dense)(x_BLD)
+        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        if self.qk_norm:
+            q = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="q_norm")(q)
+            k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
+        mask_logits = linen_mask_logits(self, self.mask_mode, self.mask_init, (self.heads, length, length))
+        if use_fused(self.attention_impl, self.is_mutable_collection("intermediates")):
+            out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal)
+        else:
+            logits_BHQK = qk_logits(q, k)
+            self.sow("intermediates", "qk_logits", logits_BHQK)
+            weights = biased_softmax(logits_BHQK, mask_logits, self.mask_scale, self.causal)
+            self.sow("intermediates", "attention", weights)
+            out = attend(weights, v)
+        out = nn.DenseGeneral(
+            self.out_features or features,
+            axis=(-2, -1),
+            bias_init=torch_bias_init(self.heads * self.head_dim),
+            name="out",
+            **dense,
+        )(out.astype(x_BLD.dtype))
+        return out.astype(x_BLD.dtype)
 
 
 class NNXMaskedSelfAttention(nnx.Module):
-    """The NNX twin of `MaskedSelfAttention`, same parameter layout and same numerics."""
+    """The NNX twin of `MaskedSelfAttention`: same options, parameter layout and numerics.
+
+    `__call__(x, sow_weights=True)` sows the attention weights and q.k logits as `nnx.Intermediate`
+    (read them with `nnx.capture(module, nnx.Intermediate)(x, sow_weights=True)`); a fixed mask is a
+    `FixedMask` variable.
+    """
 
     def __init__(
         self,
@@ -219,31 +314,43 @@ class NNXMaskedSelfAttention(nnx.Module):
         mask_init: MaskInit | jax.Array | np.ndarray | None = None,
         mask_scale: float = 1.0,
         out_features: int | None = None,
+        kernel_init: Callable = torch_linear_init,
+        dtype: jnp.dtype | str | None = None,
+        param_dtype: jnp.dtype | str = jnp.float32,
+        qk_norm: bool = False,
+        causal: bool = False,
+        attention_impl: AttentionImpl = "auto",
         rngs: nnx.Rngs,
     ):
         self.heads, self.head_dim, self.mask_scale = heads, head_dim, mask_scale
-        self.qkv = nnx.LinearGeneral(
-            features, (3, heads, head_dim), use_bias=False, kernel_init=torch_linear_init, rngs=rngs
-        )
+        self.causal, self.attention_impl = causal, attention_impl
+        dense = {"kernel_init": kernel_init, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
+        self.qkv = nnx.LinearGeneral(features, (3, heads, head_dim), use_bias=False, **dense)
         self.out = nnx.LinearGeneral(
             (heads, head_dim),
             out_features or features,
             axis=(-2, -1),
-            kernel_init=torch_linear_init,
             bias_init=torch_bias_init(heads * head_dim),
-            rngs=rngs,
+            **dense,
         )
-        shape = (heads, length, length)
-        if mask_mode == "none":
-            self.mask_logits = None
-        elif mask_mode in ("learnable", "fixed"):
-            value = _as_initializer(mask_init)(rngs.params(), shape, jnp.float32)
-            self.mask_logits = nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
-        else:
-            raise ValueError(f"unknown mask_mode {mask_mode!r}; expected 'none', 'learnable' or 'fixed'")
+        norm = {"epsilon": 1e-5, "param_dtype": param_dtype, "rngs": rngs}
+        self.q_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
+        self.k_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
+        self.mask_logits = nnx_mask_logits(mask_mode, mask_init, (heads, length, length), rngs)
 
-    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, *, sow_weights: bool = False) -> jax.Array:
         qkv = self.qkv(x_BLD)
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         mask = None if self.mask_logits is None else self.mask_logits[...]
-        return self.out(masked_attention(q, k, v, mask, mask_scale=self.mask_scale))
+        if use_fused(self.attention_impl, sow_weights):
+            out = fused_attention(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal)
+        else:
+            logits_BHQK = qk_logits(q, k)
+            weights = biased_softmax(logits_BHQK, mask, self.mask_scale, self.causal)
+            if sow_weights:
+                self.sow(nnx.Intermediate, "qk_logits", logits_BHQK)
+                self.sow(nnx.Intermediate, "attention", weights)
+            out = attend(weights, v)
+        return self.out(out.astype(x_BLD.dtype)).astype(x_BLD.dtype)

@@ -19,8 +19,11 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from maskjax.errors import ConfigError
+from maskjax.train import to_host
 
-class CheckpointError(ValueError):
+
+class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: written by another config, or none readable."""
 
 
@@ -36,6 +39,20 @@ def _is_key(leaf: Any) -> bool:
 def _to_saveable(state: Any, history: dict[str, np.ndarray]) -> dict[str, Any]:
     raw = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, state)
     return {"state": raw, "history": history}
+
+
+def _layout(state: Any) -> dict[str, list]:
+    """Every leaf's path, shape and dtype: what a checkpoint must match to be restored into `state`."""
+    leaves = jax.tree_util.tree_leaves_with_path(_to_saveable(state, {})["state"])
+    return {jax.tree_util.keystr(path): [list(np.shape(leaf)), str(leaf.dtype)] for path, leaf in leaves}
+
+
+def _layout_difference(saved: dict[str, list], wanted: dict[str, list]) -> str | None:
+    for path in sorted(set(saved) | set(wanted)):
+        old, new = saved.get(path, "nothing"), wanted.get(path, "nothing")
+        if old != new:
+            return f"{path or 'state'}: saved {old}, this run needs {new}"
+    return None
 
 
 def _rewrap_keys(raw: Any, like: Any) -> Any:
@@ -75,9 +92,9 @@ class SweepCheckpoints:
     def save(self, step: int, state: Any, history: dict[str, np.ndarray]) -> None:
         """history: per name, what the batch has logged so far (losses, probes), runs first."""
         history = {name: np.asarray(v, np.float32) for name, v in history.items()}
-        saveable = _to_saveable(state, history)
+        saveable = jax.tree.map(to_host, _to_saveable(state, history))
         shapes = {name: list(v.shape) for name, v in history.items()}
-        meta = {"step": step, "fingerprint": self.fingerprint, "history_shapes": shapes}
+        meta = {"step": step, "fingerprint": self.fingerprint, "history_shapes": shapes, "layout": _layout(state)}
         self.manager.save(
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(saveable), meta=ocp.args.JsonSave(meta))
         )
@@ -86,27 +103,33 @@ class SweepCheckpoints:
     def restore_latest(
         self, like: Any, log: Callable[[str], None] | None = None
     ) -> tuple[int, Any, dict[str, np.ndarray]] | None:
-        """(step, state, history) from the newest readable checkpoint, or None if there is none."""
+        """(step, state, history) from the newest readable checkpoint, or None if there is none; the state as
+        host arrays shaped like `like`. A checkpoint of another config or layout raises CheckpointError; only a
+        file that fails to read falls back to the previous checkpoint."""
         self.manager.reload()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-                if meta["fingerprint"] != self.fingerprint:
-                    raise CheckpointError(
-                        f"checkpoint {self.directory / str(step)} was written by another config; "
-                        "use --overwrite or another --out"
-                    )
+                self._check_fits(step, meta, like)
                 history = {name: np.zeros(shape, np.float32) for name, shape in meta["history_shapes"].items()}
-                abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_saveable(like, history))
+                abstract = jax.tree.map(lambda a: np.empty(np.shape(a), a.dtype), _to_saveable(like, history))
                 restored = self.manager.restore(
                     step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
                 )["state"]
             except CheckpointError:
                 raise
-            except Exception as e:  # any unreadable file: fall back to the previous checkpoint
+            except Exception as e:  # an unreadable file: fall back to the previous checkpoint
                 if log is not None:
                     log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
                 continue
             state = _rewrap_keys(restored["state"], like)
             return int(meta["step"]), state, {name: np.asarray(v) for name, v in restored["history"].items()}
         return None
+
+    def _check_fits(self, step: int, meta: dict, like: Any) -> None:
+        where = self.directory / str(step)
+        if meta["fingerprint"] != self.fingerprint:
+            raise CheckpointError(f"checkpoint {where} was written by another config; use --overwrite or another --out")
+        difference = _layout_difference(meta["layout"], _layout(like))
+        if difference is not None:
+            raise CheckpointError(f"checkpoint {where} does not fit this run ({difference}); use --overwrite")

@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from maskjax import priors
+from maskjax.errors import ConfigError
 from maskjax.tasks.boolean import BooleanTask, cube
 
 SHOWN, UNTESTED, RULED_OUT = 1, 0, -1
@@ -51,9 +52,9 @@ def interaction_evidence(points: np.ndarray, values: np.ndarray, atol: float = 1
     """
     points = np.asarray(points)
     if points.ndim != 2 or points.shape[0] != np.shape(values)[0]:
-        raise ValueError(f"need points [P, n] and values [P], got {points.shape} and {np.shape(values)}")
+        raise ConfigError(f"need points [P, n] and values [P], got {points.shape} and {np.shape(values)}")
     if not np.all(np.isin(points, (-1, 1))):
-        raise ValueError("points must be +-1")
+        raise ConfigError("points must be +-1")
     n_bits = points.shape[1]
     index = cube_index(points)
     observed = np.zeros(2**n_bits, bool)
@@ -61,7 +62,7 @@ def interaction_evidence(points: np.ndarray, values: np.ndarray, atol: float = 1
     observed[index] = True
     table[index] = values
     if not np.allclose(table[index], values, atol=atol):
-        raise ValueError("a point appears twice with different values")
+        raise ConfigError("a point appears twice with different values")
     everything = np.arange(2**n_bits)
     flip = [everything ^ (1 << j) for j in range(n_bits)]
     bits = np.array(

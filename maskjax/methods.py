@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from maskjax.attention import MaskMode
+from maskjax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,14 +38,14 @@ METHODS: dict[str, Method] = {}
 
 def register(method: Method) -> Method:
     if method.name in METHODS:
-        raise ValueError(f"method {method.name!r} is already registered")
+        raise ConfigError(f"method {method.name!r} is already registered")
     METHODS[method.name] = method
     return method
 
 
 def get_method(name: str) -> Method:
     if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+        raise ConfigError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name]
 
 

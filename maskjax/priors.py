@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maskjax.errors import ConfigError
+
 ROW_POLICIES = {
     "diagonal": "members see their groups; CLS sees itself and every member; other bits see only themselves",
     "members": "members see their groups; CLS and the other bits see every member (and nothing else)",
@@ -23,11 +25,11 @@ ROW_POLICIES = {
 def group_pattern(n_bits: int, groups: Sequence[Sequence[int]], row_policy: str = "diagonal") -> np.ndarray:
     """Open within each group of interacting bits; the remaining rows follow `row_policy`."""
     if row_policy not in ROW_POLICIES:
-        raise ValueError(f"unknown row policy {row_policy!r}; known: {', '.join(ROW_POLICIES)}")
+        raise ConfigError(f"unknown row policy {row_policy!r}; known: {', '.join(ROW_POLICIES)}")
     size = n_bits + 1
     for group in groups:
         if any(not 0 <= b < n_bits for b in group):
-            raise ValueError(f"group {tuple(group)} names a bit outside 0..{n_bits - 1}")
+            raise ConfigError(f"group {tuple(group)} names a bit outside 0..{n_bits - 1}")
     members = sorted({b + 1 for group in groups for b in group})
     open_ = np.zeros((size, size), bool)
     for group in groups:
@@ -64,7 +66,7 @@ def misspecified_groups(n_bits: int, groups: Sequence[Sequence[int]]) -> tuple[t
         moved = tuple(tuple((b + shift) % n_bits for b in group) for group in groups)
         if not interacting_pairs(moved) & oracle:
             return moved
-    raise ValueError("no shift of these groups avoids every interacting pair (e.g. cyclic3); no misspecified mask")
+    raise ConfigError("no shift of these groups avoids every interacting pair (e.g. cyclic3); no misspecified mask")
 
 
 def random_pattern(reference: np.ndarray, seed: int) -> np.ndarray:
@@ -73,7 +75,7 @@ def random_pattern(reference: np.ndarray, seed: int) -> np.ndarray:
     size = reference.shape[0]
     extra = int(reference.sum()) - size
     if extra < 0:
-        raise ValueError("the reference pattern has fewer open entries than tokens")
+        raise ConfigError("the reference pattern has fewer open entries than tokens")
     off_diagonal = np.flatnonzero(~np.eye(size, dtype=bool))
     chosen = np.random.default_rng(seed).choice(off_diagonal, size=extra, replace=False)
     pattern = np.eye(size, dtype=bool)
@@ -92,16 +94,16 @@ def locality_pattern(grid: int, radius: int = 1, cls_policy: str | None = None) 
     patches i and j lie within Chebyshev distance `radius` (radius 1: the 3 x 3 neighbourhood, self
     included). With cls_policy, a CLS token at position 0 follows `CLS_POLICIES[cls_policy]`."""
     if grid < 1:
-        raise ValueError(f"grid must be >= 1, got {grid}")
+        raise ConfigError(f"grid must be >= 1, got {grid}")
     if radius < 0:
-        raise ValueError(f"locality radius must be >= 0, got {radius}")
+        raise ConfigError(f"locality radius must be >= 0, got {radius}")
     rows, cols = np.divmod(np.arange(grid * grid), grid)
     distance = np.maximum(np.abs(rows[:, None] - rows[None, :]), np.abs(cols[:, None] - cols[None, :]))
     patches = distance <= radius
     if cls_policy is None:
         return patches
     if cls_policy not in CLS_POLICIES:
-        raise ValueError(f"unknown CLS policy {cls_policy!r}; known: {', '.join(CLS_POLICIES)}")
+        raise ConfigError(f"unknown CLS policy {cls_policy!r}; known: {', '.join(CLS_POLICIES)}")
     open_ = np.zeros((grid * grid + 1,) * 2, bool)
     open_[1:, 1:] = patches
     open_[0, 0] = True
@@ -119,7 +121,7 @@ def random_rows(reference: np.ndarray, seed: int) -> np.ndarray:
     for row in range(size):
         extra = int(reference[row].sum()) - 1
         if extra < 0:
-            raise ValueError(f"row {row} of the reference pattern has no open entry")
+            raise ConfigError(f"row {row} of the reference pattern has no open entry")
         others = np.delete(np.arange(size), row)
         pattern[row, rng.choice(others, size=extra, replace=False)] = True
     return pattern

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maskjax.errors import ConfigError
+
 
 def layer_norm(x: jax.Array, eps: float = 1e-5) -> jax.Array:
     """LayerNorm over the last axis, no affine parameters."""
@@ -202,7 +204,7 @@ def position_path(params: Mapping) -> tuple[str, ...]:
         if getattr(path[-1], "key", None) == "pos_embed"
     ]
     if len(found) != 1:
-        raise ValueError(f"expected one learned position embedding named pos_embed, found {len(found)}")
+        raise ConfigError(f"expected one learned position embedding named pos_embed, found {len(found)}")
     return found[0]
 
 
@@ -246,12 +248,12 @@ def with_qk_prior(
     mimetic sets Q_h K_h^T per head (`mimetic_factors`) and W_V W_O from `shared_value_output`.
     """
     if kind not in QK_INITS:
-        raise ValueError(f"unknown Q/K initialisation {kind!r}; known: {', '.join(QK_INITS)}")
+        raise ConfigError(f"unknown Q/K initialisation {kind!r}; known: {', '.join(QK_INITS)}")
     if kind == "default":
         return params
     layers = attention_paths(params)
     if not layers:
-        raise ValueError("no attention module with a qkv kernel in these parameters")
+        raise ConfigError("no attention module with a qkv kernel in these parameters")
     d, _, heads, head_dim = _get(params, layers[0])["qkv"]["kernel"].shape
     new = dict(params)
     solved = None

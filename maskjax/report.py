@@ -13,6 +13,8 @@ import jax
 import numpy as np
 from scipy import stats
 
+from maskjax.errors import ConfigError, OutputFolderError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -50,8 +52,35 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> None:
     write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
+def write_maps(path: Path, maps: dict[str, np.ndarray]) -> None:
+    """Small named arrays a plot is drawn from (attention maps, masks of seed 0), in float16, atomically, so
+    a resumed sweep can redraw the plots of batches it did not train itself."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez_compressed(tmp, **{k: np.asarray(v, np.float16) for k, v in maps.items()})
+        _publish(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def read_maps(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as arrays:
+        return {k: arrays[k].astype(np.float32) for k in arrays.files}
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a results file; a line that is not JSON is bad input, named by file and line."""
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{number} is not a JSON record ({e.msg})") from None
+    return records
 
 
 def git_commit() -> str:
@@ -83,13 +112,13 @@ def ensure_writable_dir(path: Path) -> Path:
     """Create `path` if needed and prove it takes files; raise OSError with a plain message if not."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise OSError(f"output path {str(path)!r} exists and is not a directory")
+        raise OutputFolderError(f"output path {str(path)!r} exists and is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):
             pass
     except OSError as e:
-        raise OSError(f"output folder {str(path)!r} is not writable ({e.strerror or e})") from None
+        raise OutputFolderError(f"output folder {str(path)!r} is not writable ({e.strerror or e})") from None
     return path
 
 
@@ -250,14 +279,9 @@ def count_table(
 
 def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", reference: str = "mdi") -> None:
     """Accuracy per task and method with every seed shown; the reference method as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     tasks = list(dict.fromkeys(r["task"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != reference))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), squeeze=False)
+    fig, axes = _figure(1, len(tasks), 3.2, 3.2)
     for ax, task in zip(axes[0], tasks, strict=True):
         for i, method in enumerate(methods):
             values = [
@@ -281,14 +305,9 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
 def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: str, line: str) -> None:
     """y (in percent) against x on a log axis, one panel per value of `panel`, one line per value of `line`:
     the mean over seeds, every seed as a dot."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = list(dict.fromkeys(r[panel] for r in records))
     lines = list(dict.fromkeys(r[line] for r in records))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.2), squeeze=False)
+    fig, axes = _figure(1, len(panels), 3.8, 3.2)
     for ax, name in zip(axes[0], panels, strict=True):
         for label in lines:
             rows = [r for r in records if r[panel] == name and r[line] == label and r[y] is not None]
@@ -306,25 +325,26 @@ def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: s
 
 
 DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
+PANELS_PER_ROW = 4
 
 
 def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False) -> None:
-    """Per drift key, one panel per layer: the mean over seeds against training step, per method, with the
-    seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per key, [steps][layers] values."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Per drift key, one panel per layer (wrapped PANELS_PER_ROW to a row): the mean over seeds against training
+    step, per method, with the seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per
+    key, [steps][layers] values."""
     records = [r for r in records if r.get("drift_steps")]
     methods = list(dict.fromkeys(r["method"] for r in records))
     keys = [k for k in keys if any(k in r for r in records)]
     layers = len(next(r[keys[0]][0] for r in records if keys[0] in r)) if keys else 0
-    rows = max(len(keys), 1)
-    fig, axes = plt.subplots(rows, max(layers, 1), figsize=(3.6 * max(layers, 1), 3.0 * rows), squeeze=False)
+    columns = min(max(layers, 1), PANELS_PER_ROW)
+    rows_per_key = -(-max(layers, 1) // columns)
+    fig, axes = _figure(max(len(keys), 1) * rows_per_key, columns, 3.6, 3.0)
+    for ax in axes.flat:
+        ax.axis("off")
     for row, key in enumerate(keys):
         for layer in range(layers):
-            ax = axes[row][layer]
+            ax = axes[row * rows_per_key + layer // columns][layer % columns]
+            ax.axis("on")
             for method in methods:
                 runs = [r for r in records if r["method"] == method and key in r]
                 if not runs:
@@ -348,13 +368,8 @@ def plot_matrices(
     matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
 ) -> None:
     """One heat map per named [N, N] matrix, `columns` to a row (queries down, keys across)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = -(-len(matrices) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.2 * rows), squeeze=False)
+    fig, axes = _figure(rows, columns, 3.4, 3.2)
     for ax in axes.flat[len(matrices) :]:
         ax.axis("off")
     for ax, (title, matrix) in zip(axes.flat, matrices.items(), strict=False):
@@ -370,12 +385,8 @@ def plot_matrices(
 
 def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path, title: str) -> None:
     """A labelled heat map with each cell's value written in it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5))
+    fig, axes = _figure(1, 1, 1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5)
+    ax = axes[0][0]
     image = ax.imshow(grid, cmap="viridis")
     ax.set_xticks(range(len(columns)), columns)
     ax.set_yticks(range(len(rows)), rows)
@@ -389,11 +400,17 @@ def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], 
     _save(fig, path)
 
 
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
+def _figure(rows: int, columns: int, width: float, height: float):
+    """A figure of rows x columns panels, each width x height inches, built without pyplot so that a
+    notebook's matplotlib backend is never switched; axes always 2-D."""
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(width * columns, height * rows))
+    return fig, fig.subplots(rows, columns, squeeze=False)
+
+
+def _save(fig, path: Path) -> None:
     if jax.process_index() != 0:
-        plt.close(fig)
         return
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
@@ -402,5 +419,4 @@ def _save(fig, path: Path) -> None:
         fig.savefig(tmp, dpi=110)
         _publish(tmp, path)
     finally:
-        plt.close(fig)
         Path(tmp).unlink(missing_ok=True)

@@ -22,6 +22,7 @@ import numpy as np
 
 from maskjax import priors, qk_priors, report
 from maskjax.checkpoint import SweepCheckpoints
+from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.train import InitRun, TrainConfig, Trained, first_nonfinite_step, train
 
@@ -31,13 +32,13 @@ Log = Callable[[str], None]
 Patterns = Callable[[str, int], np.ndarray]
 
 
-class SweepError(ValueError):
+class SweepError(ConfigError):
     """An output folder that cannot be used as asked (another config, nothing to resume)."""
 
 
 def get_preset(presets: Mapping[str, Config], name: str) -> Config:
     if name not in presets:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(presets)}")
     return presets[name]
 
 
@@ -239,10 +240,11 @@ def run_sweep(
     sweep's metadata), call write(out, records) and then on_batch(spec, records) with every record so
     far (for plots). Returns all records."""
     records, meta = open_sweep(out, config, control)
-    for spec in batches:
+    for k, spec in enumerate(batches, 1):
         if spec.done_in(records):
             log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
             continue
+        log(f"batch {k} of {len(batches)}: {spec.name}, {spec.runs} runs")
         checkpoints = batch_checkpoints(out, spec.name, {"config": config, "batch": spec.name}, control)
         batch = spec.train(checkpoints, control.resume)
         records += [{**r, **meta} for r in batch]

@@ -19,6 +19,8 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from maskjax.errors import ConfigError
+
 PyTree = Any
 
 
@@ -95,9 +97,9 @@ def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
     elif config.schedule == "cosine":
         rate = optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
     else:
-        raise ValueError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+        raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
     if config.mask_weight_decay is not None and not config.mask_weight_decay >= 0:
-        raise ValueError(f"mask weight decay must be >= 0, got {config.mask_weight_decay}")
+        raise ConfigError(f"mask weight decay must be >= 0, got {config.mask_weight_decay}")
     if config.optimizer == "adam":
         return optax.chain(weight_decay(config), optax.adam(rate))
     if config.optimizer == "sgd":
@@ -107,7 +109,7 @@ def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
             return optax.adamw(rate, weight_decay=config.weight_decay)
         # optax.adamw's own chain, with the decay split between the mask logits and the rest.
         return optax.chain(optax.scale_by_adam(), weight_decay(config), optax.scale_by_learning_rate(rate))
-    raise ValueError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
+    raise ConfigError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
 
 
 def epoch_orders(data_key: jax.Array, first_epoch: jax.Array, n_epochs: int, n_train: int) -> jax.Array:
@@ -152,7 +154,7 @@ def compile_program(
     augmentation is per run, deterministic and resumable.
     """
     if n_train < config.batch_size:
-        raise ValueError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
+        raise ConfigError(f"training set of {n_train} examples is smaller than batch size {config.batch_size}")
     optimizer = make_optimizer(config)
     steps_per_epoch = n_train // config.batch_size
 
@@ -250,42 +252,51 @@ def train(
     """
     n_train = jax.tree.leaves(data)[0].shape[1 if data_per_run else 0]
     program = compile_program(init_run, loss, n_train, config, data_per_run, augment)
-    if data_per_run:
-        data = shard_runs(data)
+    data = shard_runs(data) if data_per_run else replicate(data)
     measure = jax.jit(jax.vmap(probe)) if probe is not None else None
     n_runs = len(run_keys)
+
+    def runs(tree: PyTree) -> PyTree:
+        """The real runs, without the padding `shard_runs` added for this device count."""
+        return jax.tree.map(lambda a: a[:n_runs], tree)
+
+    say = log if log is not None else (lambda message: None)
+    clock = time.time()
+    say(f"{label} compiling and initialising {n_runs} runs on {jax.device_count()} device(s)")
     initial = program.init(*shard_runs((run_keys, *run_inputs)))
     state, first_step = jax.tree.map(jnp.copy, initial), 0
     history: dict[str, list[np.ndarray]] = {"loss": []}
     if measure is not None:
-        history.update({name: [to_host(v)[:, None]] for name, v in measure(initial, initial).items()})
+        history.update({name: [to_host(v)[:n_runs, None]] for name, v in measure(initial, initial).items()})
     if checkpoints is not None and resume:
-        found = checkpoints.restore_latest(initial, log)
+        # Checkpoints hold the real runs only, so a batch resumes on any number of devices.
+        found = checkpoints.restore_latest(runs(initial), log)
         if found is not None:
-            first_step, state, done = found
+            first_step, restored, done = found
+            state = shard_runs(restored)
             history = {name: [done[name]] for name in history}
-            if log is not None:
-                log(f"{label} resumed at step {first_step}/{config.steps}")
+            say(f"{label} resumed at step {first_step}/{config.steps}")
+    say(f"{label} initialised in {time.time() - clock:.1f}s; training steps {first_step}..{config.steps}")
     started = time.time()
     for start in range(first_step, config.steps, config.chunk_steps):
         n_steps = min(config.chunk_steps, config.steps - start)
         state, chunk_losses = program.chunk(state, data, jnp.asarray(start), jnp.asarray(n_steps))
-        history["loss"].append(to_host(chunk_losses)[:, :n_steps])
+        history["loss"].append(to_host(chunk_losses)[:n_runs, :n_steps])
         if measure is not None:
             for name, value in measure(initial, state).items():
-                history[name].append(to_host(value)[:, None])
+                history[name].append(to_host(value)[:n_runs, None])
         done = start + n_steps
-        if log is not None:
-            log(
-                f"{label} step {done}/{config.steps} loss {np.mean(history['loss'][-1][:n_runs, -1]):.4g} "
-                f"({time.time() - started:.0f}s)"
-            )
+        elapsed = time.time() - started
+        rate = (done - first_step) / max(elapsed, 1e-9)
+        say(
+            f"{label} step {done}/{config.steps} loss {np.mean(history['loss'][-1][:, -1]):.4g} "
+            f"({elapsed:.0f}s, {rate:.3g} steps/s, ETA {(config.steps - done) / rate:.0f}s)"
+        )
         if checkpoints is not None and done < config.steps and checkpoints.due(done, start):
-            checkpoints.save(done, state, {name: np.concatenate(v, axis=1) for name, v in history.items()})
-            if log is not None:
-                log(f"{label} checkpoint saved at step {done}")
-    joined = {name: np.concatenate(v, axis=1)[:n_runs] if v else np.zeros((n_runs, 0)) for name, v in history.items()}
-    initial, state = jax.tree.map(lambda a: a[:n_runs], (initial, state))
+            checkpoints.save(done, runs(state), {name: np.concatenate(v, axis=1) for name, v in history.items()})
+            say(f"{label} checkpoint saved at step {done}")
+    joined = {name: np.concatenate(v, axis=1) if v else np.zeros((n_runs, 0)) for name, v in history.items()}
+    initial, state = runs((initial, state))
     probe_steps = [0, *range(config.chunk_steps, config.steps, config.chunk_steps), config.steps]
     return Trained(initial, state, joined.pop("loss"), joined, probe_steps if measure is not None else [])
 
@@ -310,6 +321,18 @@ def shard_runs(tree: PyTree) -> PyTree:
         return jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs")))
 
     return jax.tree.map(pad_and_put, tree)
+
+
+def replicate(tree: PyTree) -> PyTree:
+    """Every leaf as one global array replicated on every device of `runs_mesh()`, so data shared by all runs
+    enters the sharded programs as a global array on every host (each process passes the same values)."""
+    sharding = jax.sharding.NamedSharding(runs_mesh(), jax.sharding.PartitionSpec())
+
+    def put(leaf: jax.Array | np.ndarray) -> jax.Array:
+        host = np.asarray(leaf)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree)
 
 
 def to_host(x: jax.Array) -> np.ndarray:

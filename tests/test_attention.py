@@ -73,24 +73,46 @@ def test_wrong_mask_shape_names_the_shape(shape):
         maskjax.masked_attention(*map(jnp.asarray, (q, k, v)), jnp.zeros(shape))
 
 
-def test_nan_mask_is_rejected():
+def test_nan_mask_is_rejected_on_the_host_and_at_init():
     q, k, v, m = random_inputs()
     m[0, 1, 2] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        maskjax.masked_attention(*map(jnp.asarray, (q, k, v)), jnp.asarray(m))
+        maskjax.masked_attention(*map(jnp.asarray, (q, k, v)), m)
+    x = jnp.zeros((2, 5, 8))
+    for mode in ("learnable", "fixed"):
+        with pytest.raises(ValueError, match="NaN"):
+            MaskedSelfAttention(3, 4, mask_mode=mode, mask_init=jnp.asarray(m)).init(jax.random.key(0), x)
 
 
-@pytest.mark.parametrize("mode", ["none", "learnable", "fixed"])
-def test_linen_and_nnx_agree(mode):
+def test_an_eager_call_with_a_device_mask_copies_nothing_to_the_host():
+    q, k, v, m = (jnp.asarray(a, jnp.float32) for a in random_inputs())
+    with jax.transfer_guard_device_to_host("disallow"):
+        out = maskjax.masked_attention(q, k, v, m)
+    chex.assert_shape(out, q.shape)
+
+
+def test_mask_init_of_the_wrong_length_names_both_shapes():
+    x = jnp.zeros((2, 5, 8))
+    with pytest.raises(ValueError, match=r"mask_init of shape \(6, 6\).*\[3, 5, 5\]"):
+        MaskedSelfAttention(3, 4, mask_mode="learnable", mask_init=np.zeros((6, 6))).init(jax.random.key(0), x)
+    variables = MaskedSelfAttention(3, 4, mask_mode="learnable").init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match=r"shape \(3, 5, 5\).*\[3, 7, 7\]"):
+        MaskedSelfAttention(3, 4, mask_mode="learnable").apply(variables, jnp.zeros((2, 7, 8)))
+
+
+@pytest.mark.parametrize(
+    "mode, qk_norm, causal", [("none", False, False), ("learnable", True, False), ("fixed", False, True)]
+)
+def test_linen_and_nnx_agree(mode, qk_norm, causal):
     heads, head_dim, length, features = 2, 4, 6, 8
     pattern = np.where(np.eye(length, dtype=bool), 5.0, -5.0)
     x = jax.random.normal(jax.random.key(0), (3, length, features))
-    linen = MaskedSelfAttention(heads, head_dim, mask_mode=mode, mask_init=pattern)
+    options = {"mask_mode": mode, "mask_init": pattern, "qk_norm": qk_norm, "causal": causal}
+    linen = MaskedSelfAttention(heads, head_dim, **options)
     variables = linen.init(jax.random.key(1), x)
-    twin = NNXMaskedSelfAttention(
-        features, heads, head_dim, length, mask_mode=mode, mask_init=pattern, rngs=nnx.Rngs(2)
-    )
+    twin = NNXMaskedSelfAttention(features, heads, head_dim, length, **options, rngs=nnx.Rngs(2))
     params = variables["params"]
+    chex.assert_trees_all_equal_shapes(nnx.to_pure_dict(nnx.state(twin, nnx.Param)), params)
     twin.qkv.kernel[...] = params["qkv"]["kernel"]
     twin.out.kernel[...] = params["out"]["kernel"]
     twin.out.bias[...] = params["out"]["bias"]
@@ -101,6 +123,53 @@ def test_linen_and_nnx_agree(mode):
         chex.assert_trees_all_close(twin.mask_logits[...], variables["constants"]["mask_logits"])
         assert not isinstance(twin.mask_logits, nnx.Param)
     chex.assert_trees_all_close(linen.apply(variables, x), twin(x), rtol=1e-6, atol=1e-6)
+    _, sown = linen.apply(variables, x, mutable=["intermediates"])
+    _, twin_sown = nnx.capture(twin, nnx.Intermediate)(x, sow_weights=True)
+    chex.assert_trees_all_close(twin_sown["attention"][0], sown["intermediates"]["attention"][0], atol=1e-6)
+
+
+def test_nnx_module_in_bfloat16_returns_the_input_dtype_and_initialises_like_torch():
+    twin = NNXMaskedSelfAttention(8, 2, 4, 6, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    x = jax.random.normal(jax.random.key(0), (2, 6, 8), jnp.bfloat16)
+    assert twin(x).dtype == jnp.bfloat16
+    kernel = np.asarray(twin.qkv.kernel[...])
+    assert kernel.dtype == np.float32 and kernel.shape == (8, 3, 2, 4)
+    assert np.abs(kernel).max() <= 1 / np.sqrt(8) and kernel.std() > 0.5 / np.sqrt(3 * 8)
+
+
+def test_nnx_train_step_moves_a_learnable_mask_and_never_a_fixed_one():
+    pattern = np.where(np.eye(6, dtype=bool), 2.0, -2.0)
+    x = jax.random.normal(jax.random.key(0), (2, 6, 8))
+    for mode in ("fixed", "learnable"):
+        model = NNXMaskedSelfAttention(8, 2, 4, 6, mask_mode=mode, mask_init=pattern, rngs=nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
+
+        @nnx.jit
+        def step(model, optimizer):
+            optimizer.update(model, nnx.grad(lambda m: jnp.sum(m(x) ** 2))(model))
+
+        for _ in range(2):
+            step(model, optimizer)
+        moved = not np.array_equal(np.asarray(model.mask_logits[...][0]), pattern)
+        assert moved == (mode == "learnable")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_path_gives_the_einsum_numbers_and_sowing_keeps_the_weights(causal):
+    x = jax.random.normal(jax.random.key(0), (3, 6, 8))
+    pattern = np.where(np.eye(6, dtype=bool), 3.0, -3.0)
+    options = {"mask_mode": "learnable", "mask_init": pattern, "causal": causal}
+    einsum = MaskedSelfAttention(2, 4, attention_impl="einsum", **options)
+    fused = MaskedSelfAttention(2, 4, attention_impl="fused", **options)
+    variables = einsum.init(jax.random.key(1), x)
+    chex.assert_trees_all_close(fused.apply(variables, x), einsum.apply(variables, x), rtol=1e-5, atol=1e-6)
+    params = variables["params"]
+    grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({"params": p}, x) ** 2))(params) for m in (einsum, fused)]
+    chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+    _, sown = fused.apply(variables, x, mutable=["intermediates"])
+    chex.assert_shape(sown["intermediates"]["attention"][0], (3, 2, 6, 6))
+    with pytest.raises(ValueError, match="attention_impl"):
+        MaskedSelfAttention(2, 4, attention_impl="flash").init(jax.random.key(1), x)
 
 
 def test_fixed_mask_gets_no_update_and_learnable_mask_does():

@@ -56,6 +56,11 @@ def test_end_to_end_at_test_preset(cli, tmp_path):
         (["--mask-weight-decay=-1"], "--mask-weight-decay"),
         (["--mask-weight-decay=nan"], "--mask-weight-decay"),
         (["--mask-weight-decay=abc"], "--mask-weight-decay"),
+        (["--open=nan"], "--open"),
+        (["--closed=-inf"], "--closed"),
+        (["--seeds=4:2"], "--seeds"),
+        (["--seeds=1,1"], "--seeds"),
+        (["--learning-rate=inf"], "--learning-rate"),
     ],
 )
 def test_bad_input_gives_one_clear_line(cli, tmp_path, args, message):

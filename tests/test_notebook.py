@@ -23,5 +23,6 @@ def test_colab_notebook_runs_top_to_bottom_at_the_test_preset(tmp_path, monkeypa
     assert "8 runs done" in text
     assert "| 2parity | mdi | - | - | 75.00 |" in text and "| 2parity | mask | 2 | 0 |" in text
     assert "pure function: (3, 8, 2, 4)" in text and "linen: (3, 1)" in text and "nnx: (3, 8, 16)" in text
+    assert "flax attention + mask: (3, 8, 16) mask parameter (2, 8, 8)" in text
     assert (tmp_path / "maskjax_figures" / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "maskjax_figures" / "attention.png").read_bytes()[:4] == b"\x89PNG"

@@ -78,4 +78,19 @@ def test_persistence_pairs_each_run_with_the_mask_of_the_same_seed(cli, tmp_path
     write(tmp_path / "run", records)
     result = cli("experiments.persistence", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
-    assert "| 2parity | adam | - | qk_svd | 8 | 8/8 | 0.00781 |" in result.stdout
+    assert "| 2parity | diagonal | adam | - | qk_svd | 8 | 8/8 | 0.00781 |" in result.stdout
+
+
+def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(cli, tmp_path):
+    def drifted(method, seed, value, policy):
+        return {"task": "majority3", "method": method, "seed": seed, "attention_drift": [[0.0], [value]],
+                "config": {"row_policy": policy}}
+
+    write(tmp_path / "diagonal", [drifted("mask", s, 0.5, "diagonal") for s in range(4)])
+    write(tmp_path / "cls_all", [drifted("mask", s, 0.01, "cls_all") for s in range(4)]
+          + [drifted("mask_random", s, 0.1, "cls_all") for s in range(4)])
+    result = cli("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "diagonal"))
+    assert result.returncode == 0, result.stderr
+    assert "| majority3 | cls_all | adam | - | mask_random | 4 | 4/4 | 0.125 |" in result.stdout
+    twice = cli("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "cls_all"))
+    assert twice.returncode == 2 and "twice" in twice.stderr and "Traceback" not in twice.stderr

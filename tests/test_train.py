@@ -1,10 +1,14 @@
 import dataclasses
+import os
+import subprocess
+import sys
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from maskjax.methods import get_method
 from maskjax.report import summary_table
@@ -116,3 +120,15 @@ def test_drift_is_probed_at_init_and_every_chunk_and_a_fixed_mask_never_moves():
     assert all(step == [0.0] for step in fixed["prior_logit_drift"] + fixed["grad_norm_mask"])
     assert learned["prior_logit_drift"][-1][0] > 0 and learned["grad_norm_mask"][0][0] > 0
     assert fixed["grad_norm_qk"][0][0] > 0
+
+
+def test_shared_data_is_one_global_array_replicated_on_every_device():
+    code = (
+        "import numpy as np, jax; from maskjax.train import replicate; "
+        "x = replicate({'a': np.arange(6.0).reshape(2, 3)})['a']; "
+        "assert len(x.sharding.device_set) == 8 and x.sharding.is_fully_replicated; "
+        "np.testing.assert_array_equal(np.asarray(x), np.arange(6.0).reshape(2, 3)); print('ok')"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr

@@ -193,7 +193,8 @@ def test_impulse_targets_are_shifted_identities():
         (["--patch-size=5"], "does not divide"),
         (["--radius=-1"], "radius"),
         (["--methods=qk_opt"], "not defined for the vision study"),
-        (["--seeds=0"], "positive integer"),
+        (["--seeds=0"], "at least one seed"),
+        (["--open=nan"], "finite"),
     ],
 )
 def test_cli_bad_input_exits_2_in_one_line(cli, tmp_path, tiny_fashion, flags, message):
@@ -239,3 +240,18 @@ def test_vision_step_benchmark_prints_its_table(cli, tiny_fashion):
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| mask | 1 |")]
     assert len(rows) == 1 and float(rows[0].split("|")[3]) > 0
+
+
+def test_softmax_regression_separates_separable_classes_and_its_cli_writes_records(cli, tmp_path, tiny_fashion):
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(2), 20)
+    pixels = np.where(labels[:, None, None, None] == 1, 200, 20) + rng.integers(0, 30, (40, 4, 4, 1))
+    acc, loss = vt.softmax_regression_accuracy(pixels.astype(np.uint8), labels, pixels.astype(np.uint8), labels, 2)
+    assert acc == 1.0 and loss < 0.1
+    out = tmp_path / "linear"
+    result = cli("experiments.vision_linear", f"--data-dir={tiny_fashion}", "--train-fraction=0.5,1", "--seeds=2",
+                 f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [(r["train_fraction"], r["seed"]) for r in records] == [(0.5, 0), (0.5, 1), (1.0, 0)]
+    assert all(0 <= r["test_acc"] <= 1 and r["git_commit"] and r["devices"] for r in records)

@@ -17,6 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from maskjax.errors import ConfigError, MissingFileError
+
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -38,17 +40,17 @@ def read_idx(path: Path) -> np.ndarray:
     """An IDX file (gzipped or not) as a numpy array of its stored type and shape."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
+        raise MissingFileError(f"{path} not found")
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_TYPES:
-        raise ValueError(f"{path} is not an IDX file (bad magic number)")
+        raise ConfigError(f"{path} is not an IDX file (bad magic number)")
     ndim = raw[3]
     shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
     dtype = np.dtype(IDX_TYPES[raw[2]])
     expected = int(np.prod(shape)) * dtype.itemsize
     body = raw[4 + 4 * ndim :]
     if len(body) != expected:
-        raise ValueError(f"{path} holds {len(body)} bytes of data, its header promises {expected}")
+        raise ConfigError(f"{path} holds {len(body)} bytes of data, its header promises {expected}")
     return np.frombuffer(body, dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
 
@@ -56,14 +58,14 @@ def _find(directory: Path, stem: str) -> Path:
     for name in (f"{stem}.gz", stem):
         if (directory / name).is_file():
             return directory / name
-    raise FileNotFoundError(f"{directory / stem}[.gz] not found")
+    raise MissingFileError(f"{directory / stem}[.gz] not found")
 
 
 def load_fashion_mnist(data_dir: Path | None = None) -> ImageData:
     """Fashion-MNIST from its four IDX files: 60,000 / 10,000 images, 28 x 28 x 1, 10 classes."""
     directory = Path(data_dir) if data_dir is not None else FASHION_MNIST_DIR
     if not directory.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"no Fashion-MNIST folder at {directory}: `apt-get install dataset-fashion-mnist`, "
             "or pass --data-dir=DIR holding train-images-idx3-ubyte.gz and the other three IDX files"
         )
@@ -76,7 +78,7 @@ def load_fashion_mnist(data_dir: Path | None = None) -> ImageData:
     }
     for prefix, (images, labels) in split.items():
         if images.ndim != 3 or labels.shape != images.shape[:1]:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix} IDX files of {directory} disagree: images {images.shape}, labels {labels.shape}"
             )
     (train_x, train_y), (test_x, test_y) = split["train"], split["t10k"]
@@ -87,7 +89,7 @@ def load_fashion_mnist(data_dir: Path | None = None) -> ImageData:
 
 def _unpickle(path: Path) -> dict:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found")
+        raise MissingFileError(f"{path} not found")
     with path.open("rb") as f:
         return pickle.load(f, encoding="bytes")
 
@@ -102,7 +104,7 @@ def load_cifar(name: str, data_dir: Path | None = None) -> ImageData:
     """CIFAR-10 or CIFAR-100 (fine labels). With data_dir: the official python version unpacked there
     (cifar-10-batches-py/ or cifar-100-python/, or those files directly); without: tensorflow-datasets."""
     if name not in ("cifar10", "cifar100"):
-        raise ValueError(f"unknown CIFAR dataset {name!r}; expected cifar10 or cifar100")
+        raise ConfigError(f"unknown CIFAR dataset {name!r}; expected cifar10 or cifar100")
     if data_dir is None:
         return _load_tfds(name, {"cifar10": 10, "cifar100": 100}[name])
     directory = Path(data_dir)
@@ -123,7 +125,7 @@ def _load_tfds(name: str, num_classes: int) -> ImageData:
     try:
         import tensorflow_datasets as tfds
     except ImportError:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{name} without --data-dir needs tensorflow-datasets: pip install 'maskjax[vision]' "
             "(or unpack the dataset's python version and pass --data-dir)"
         ) from None
@@ -141,17 +143,17 @@ def load_image_folder(name: str, data_dir: Path, size: int, classes: list[str] |
 
     root = Path(data_dir)
     if not (root / "train").is_dir() or not (root / "val").is_dir():
-        raise FileNotFoundError(f"{root} needs train/<class>/ and val/<class>/ folders of images")
+        raise MissingFileError(f"{root} needs train/<class>/ and val/<class>/ folders of images")
     names = classes if classes is not None else sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
     if not names:
-        raise FileNotFoundError(f"no class folders in {root / 'train'}")
+        raise MissingFileError(f"no class folders in {root / 'train'}")
 
     def split(part: str) -> tuple[np.ndarray, np.ndarray]:
         images, labels = [], []
         for label, cls in enumerate(names):
             files = sorted(p for p in (root / part / cls).glob("*") if p.is_file())
             if not files:
-                raise FileNotFoundError(f"no images in {root / part / cls}")
+                raise MissingFileError(f"no images in {root / part / cls}")
             for file in files:
                 with Image.open(file) as image:
                     images.append(np.asarray(image.convert("RGB").resize((size, size), Image.BILINEAR), np.uint8))
@@ -172,6 +174,6 @@ def load(name: str, data_dir: Path | None = None, image_size: int | None = None)
         return load_cifar(name, data_dir)
     if name == "imagenet100":
         if data_dir is None:
-            raise FileNotFoundError("imagenet100 needs --data-dir with train/<class>/ and val/<class>/ folders")
+            raise MissingFileError("imagenet100 needs --data-dir with train/<class>/ and val/<class>/ folders")
         return load_image_folder(name, data_dir, image_size or 64)
-    raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+    raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")

@@ -14,6 +14,7 @@ import numpy as np
 from flax import linen as nn
 
 from maskjax.attention import MaskInit, MaskMode
+from maskjax.errors import ConfigError
 from maskjax.models.layers import Block, ModelConfig
 
 POOLS = ("gap", "cls")
@@ -23,7 +24,7 @@ POSEMBS = ("learn", "sincos2d")
 def sincos2d(grid: int, width: int, temperature: float = 10_000.0) -> np.ndarray:
     """Fixed 2D sine-cosine position embeddings [grid * grid, width] (MoCo v3, big_vision)."""
     if width % 4:
-        raise ValueError(f"sincos2d needs a width divisible by 4, got {width}")
+        raise ConfigError(f"sincos2d needs a width divisible by 4, got {width}")
     y, x = np.mgrid[:grid, :grid]
     omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4 - 1 or 1))
     y = y.reshape(-1, 1) * omega[None]
@@ -61,9 +62,9 @@ class ViT(nn.Module):
     def __call__(self, images_BHWC: jax.Array) -> jax.Array:
         c = self.config
         if self.image_size % self.patch_size:
-            raise ValueError(f"patch size {self.patch_size} does not divide image size {self.image_size}")
+            raise ConfigError(f"patch size {self.patch_size} does not divide image size {self.image_size}")
         if self.pool not in POOLS or self.posemb not in POSEMBS:
-            raise ValueError(f"pool must be one of {POOLS} and posemb one of {POSEMBS}")
+            raise ConfigError(f"pool must be one of {POOLS} and posemb one of {POSEMBS}")
         p = self.patch_size
         h = nn.Conv(c.dim, (p, p), strides=(p, p), padding="VALID", dtype=c.dtype, name="embedding")(images_BHWC)
         h = h.reshape(h.shape[0], -1, c.dim).astype(jnp.float32)

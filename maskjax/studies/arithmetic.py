@@ -18,6 +18,7 @@ import optax
 
 from maskjax import priors, sweep
 from maskjax.checkpoint import SweepCheckpoints
+from maskjax.errors import ConfigError
 from maskjax.methods import Method, get_method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
@@ -198,6 +199,6 @@ def resolve(
         for method in resolved:
             try:
                 ar.mask_pattern(task, sweep.mask_kind(method))
-            except ValueError as e:
-                raise ValueError(f"method {method.name!r}: {e}") from None
+            except ConfigError as e:
+                raise ConfigError(f"method {method.name!r}: {e}") from None
     return tasks, resolved

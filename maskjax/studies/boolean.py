@@ -13,6 +13,7 @@ import numpy as np
 
 from maskjax import discover, priors, probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
+from maskjax.errors import ConfigError
 from maskjax.methods import Method, get_method
 from maskjax.models.gotu import GotuTransformer
 from maskjax.models.layers import ModelConfig
@@ -137,7 +138,7 @@ def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: i
     n = x.shape[0]
     size = min(eval_batch, n)
     if n % size:
-        raise ValueError(f"evaluation set of {n} points is not a multiple of eval_batch {size}")
+        raise ConfigError(f"evaluation set of {n} points is not a multiple of eval_batch {size}")
     chunks = x.reshape(n // size, size, x.shape[-1])
     return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(n)
 
@@ -254,7 +255,7 @@ def make_batch(
 ) -> Batch:
     """The one-run init and loss of (task, method) and the per-run inputs of every seed."""
     if mask_values is not None and len(mask_values) != len(seeds):
-        raise ValueError(f"{len(mask_values)} mask values for {len(seeds)} runs")
+        raise ConfigError(f"{len(mask_values)} mask values for {len(seeds)} runs")
     values = list(mask_values) if mask_values is not None else [(config.open_value, config.closed_value)] * len(seeds)
     points = cube(task.n_bits)
     seen = np.asarray(task.seen(points), bool)
@@ -413,6 +414,6 @@ def resolve(
         for method in resolved[1]:
             try:
                 task_mask_logits(task, method, config)
-            except ValueError as e:
-                raise ValueError(f"{method.name} on {task.name}: {e}") from None
+            except ConfigError as e:
+                raise ConfigError(f"{method.name} on {task.name}: {e}") from None
     return resolved

@@ -22,6 +22,7 @@ import optax
 from maskjax import priors, probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data.images import ImageData
+from maskjax.errors import ConfigError
 from maskjax.methods import Method, get_method
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
@@ -161,7 +162,8 @@ def resolve(methods: Sequence[str]) -> list[Method]:
     resolved = [get_method(m) for m in methods]
     for method in resolved:
         if method.name not in METHODS:
-            raise ValueError(f"method {method.name!r} is not defined for the vision study; known: {', '.join(METHODS)}")
+            known = ", ".join(METHODS)
+            raise ConfigError(f"method {method.name!r} is not defined for the vision study; known: {known}")
     return resolved
 
 
@@ -315,7 +317,7 @@ def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> 
     n = len(data.test_labels)
     size = min(eval_batch, n)
     if n % size:
-        raise ValueError(f"test split of {n} images is not a multiple of eval_batch {size}")
+        raise ConfigError(f"test split of {n} images is not a multiple of eval_batch {size}")
     images = jnp.asarray(data.test_images).reshape(n // size, size, *data.image_shape)
     labels = jnp.asarray(data.test_labels).reshape(n // size, size)
 

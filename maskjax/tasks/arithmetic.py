@@ -13,6 +13,8 @@ import dataclasses
 
 import numpy as np
 
+from maskjax.errors import ConfigError
+
 DIGITS = 10
 PLUS, TIMES, EQUALS = 10, 11, 12
 VOCAB = 13
@@ -30,9 +32,9 @@ class ArithmeticTask:
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
-            raise ValueError(f"unknown op {self.op!r}; known: {', '.join(OPS)}")
+            raise ConfigError(f"unknown op {self.op!r}; known: {', '.join(OPS)}")
         if self.answer_format not in FORMATS:
-            raise ValueError(f"unknown answer format {self.answer_format!r}; known: {', '.join(FORMATS)}")
+            raise ConfigError(f"unknown answer format {self.answer_format!r}; known: {', '.join(FORMATS)}")
 
     @property
     def answer_digits(self) -> int:
@@ -94,7 +96,7 @@ def split(train_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train, held_out) indices into `operands()`: a seeded random subset of round(fraction * 10**6)
     pairs and every other pair. Every pair lands in exactly one of the two."""
     if not 0.0 < train_fraction < 1.0:
-        raise ValueError(f"training fraction must lie in (0, 1), got {train_fraction}")
+        raise ConfigError(f"training fraction must lie in (0, 1), got {train_fraction}")
     total = 10 ** (2 * OPERAND_DIGITS)
     n_train = max(1, round(train_fraction * total))
     order = np.random.default_rng(seed).permutation(total)
@@ -128,5 +130,5 @@ def mask_pattern(task: ArithmeticTask, kind: str, seed: int = 0) -> np.ndarray:
     """The task's mask pattern of a kind: only the place-value "oracle" has a meaning here."""
     del seed
     if kind != "oracle":
-        raise ValueError(f"the {kind} mask is not defined for arithmetic; only the oracle (place-value) mask is")
+        raise ConfigError(f"the {kind} mask is not defined for arithmetic; only the oracle (place-value) mask is")
     return place_value_pattern(task)

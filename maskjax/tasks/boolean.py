@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from maskjax import priors
+from maskjax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -46,7 +47,7 @@ def mask_pattern(task: BooleanTask, kind: str, row_policy: str = "diagonal", see
         from maskjax import discover  # discover reads tasks off this module, so it is imported late
 
         return discover.task_pattern(task, row_policy)
-    raise ValueError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}")
+    raise ConfigError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}")
 
 
 def cube(n_bits: int) -> np.ndarray:
@@ -68,7 +69,7 @@ def probe_points(task: BooleanTask, count: int, seed: int = 0) -> tuple[np.ndarr
     for region, wanted in ((seen, count - unseen_count), (~seen, unseen_count)):
         members = np.flatnonzero(region)
         if wanted > len(members):
-            raise ValueError(f"{task.name}: {wanted} probe points asked of a region of {len(members)}")
+            raise ConfigError(f"{task.name}: {wanted} probe points asked of a region of {len(members)}")
         rows.append(rng.choice(members, size=wanted, replace=False))
     index = np.concatenate(rows)
     return points[index].astype(np.float32), seen[index]
@@ -154,7 +155,7 @@ def minimum_degree_interpolator(task: BooleanTask) -> tuple[np.ndarray, np.ndarr
     index = np.arange(2**n)
     depends = [j for j in range(n) if np.any(seen != seen[index ^ (1 << j)])]
     if len(depends) > 12:
-        raise ValueError(
+        raise ConfigError(
             f"task {task.name!r}: the seen region depends on {len(depends)} bits; the solver handles at most 12"
         )
     rest = [j for j in range(n) if j not in depends]
@@ -261,5 +262,5 @@ PAPER_TASKS = ("2parity", "cyclic3", "majority3", "threesym")
 
 def get_task(name: str) -> BooleanTask:
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
+        raise ConfigError(f"unknown task {name!r}; known: {', '.join(TASKS)}")
     return TASKS[name]

@@ -13,9 +13,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from maskjax import priors
 from maskjax.data.images import ImageData
+from maskjax.errors import ConfigError
 
 # Horizontal flips keep the label of these datasets (clothes, objects, animals); not of digits.
 FLIP_VALID = {"fashion_mnist": True, "cifar10": True, "cifar100": True, "imagenet100": True}
@@ -36,9 +38,9 @@ class VisionTask:
 
     def __post_init__(self) -> None:
         if self.patch_size < 1 or self.image_size % self.patch_size:
-            raise ValueError(f"patch size {self.patch_size} does not divide image size {self.image_size}")
+            raise ConfigError(f"patch size {self.patch_size} does not divide image size {self.image_size}")
         if self.radius < 0:
-            raise ValueError(f"locality radius must be >= 0, got {self.radius}")
+            raise ConfigError(f"locality radius must be >= 0, got {self.radius}")
 
     @property
     def grid(self) -> int:
@@ -56,7 +58,7 @@ class VisionTask:
 def task_of(data: ImageData, patch_size: int, radius: int = 1, cls: bool = False) -> VisionTask:
     height, width, channels = data.image_shape
     if height != width:
-        raise ValueError(f"{data.name} images are {height} x {width}; square images only")
+        raise ConfigError(f"{data.name} images are {height} x {width}; square images only")
     return VisionTask(data.name, height, channels, data.num_classes, patch_size, radius, cls)
 
 
@@ -68,7 +70,7 @@ def mask_pattern(task: VisionTask, kind: str, seed: int = 0) -> np.ndarray:
         return oracle
     if kind == "random":
         return priors.random_rows(oracle, seed)
-    raise ValueError(f"no {kind!r} mask pattern for a vision task; known: {', '.join(MASK_KINDS)}")
+    raise ConfigError(f"no {kind!r} mask pattern for a vision task; known: {', '.join(MASK_KINDS)}")
 
 
 def impulse_pattern(task: VisionTask, heads: int) -> np.ndarray:
@@ -87,7 +89,7 @@ def balanced_subset(labels: np.ndarray, fraction: float, seed: int) -> np.ndarra
     """Sorted indices of a class-balanced subset: round(fraction * count) of every class (at least one),
     drawn with the seed."""
     if not 0 < fraction <= 1:
-        raise ValueError(f"training fraction must lie in (0, 1], got {fraction}")
+        raise ConfigError(f"training fraction must lie in (0, 1], got {fraction}")
     if fraction == 1:
         return np.arange(len(labels))
     rng = np.random.default_rng(seed)
@@ -123,3 +125,34 @@ def augment(key: jax.Array, images_BHWC: jax.Array, pad: int, flip: bool) -> jax
         flipped = jax.random.bernoulli(flip_key, 0.5, (batch,))
         images_BHWC = jnp.where(flipped[:, None, None, None], images_BHWC[:, :, ::-1], images_BHWC)
     return images_BHWC
+
+
+def softmax_regression_accuracy(
+    train_images: np.ndarray, train_labels: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray,
+    num_classes: int, l2: float = 1e-4, iterations: int = 200,
+) -> tuple[float, float]:
+    """(test accuracy, final training loss) of a softmax regression on the raw pixels (0..1), fitted by L-BFGS:
+    the floor any image model trained on the same images should clear."""
+    x = jnp.asarray(train_images.reshape(len(train_images), -1), jnp.float32) / 255.0
+    y = jnp.asarray(train_labels)
+    params = (jnp.zeros((x.shape[1], num_classes)), jnp.zeros(num_classes))
+
+    def loss(p):
+        logits = x @ p[0] + p[1]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean() + l2 * jnp.sum(p[0] ** 2)
+
+    solver = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    @jax.jit
+    def step(p, state):
+        value, grad = value_and_grad(p, state=state)
+        updates, state = solver.update(grad, state, p, value=value, grad=grad, value_fn=loss)
+        return optax.apply_updates(p, updates), state, value
+
+    state = solver.init(params)
+    for _ in range(iterations):
+        params, state, value = step(params, state)
+    test = jnp.asarray(test_images.reshape(len(test_images), -1), jnp.float32) / 255.0
+    predicted = np.asarray(jnp.argmax(test @ params[0] + params[1], axis=-1))
+    return float(np.mean(predicted == test_labels)), float(value)

@@ -1,0 +1,61 @@
+"""Einsum against fused attention: python -m benchmarks.attention_impl [--lengths=64,256,1024]
+
+Times forward + backward of `MaskedSelfAttention` with a learnable mask on both paths
+(`attention_impl="einsum"`, the explicit softmax the probes read, and `"fused"`,
+jax.nn.dot_product_attention with the mask as its bias) and prints seconds per call and the ratio
+einsum / fused. On CPU XLA runs both as plain HLO, so expect a ratio near 1; GPUs may fuse.
+Measures, never asserts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.train_step import int_list
+from experiments.cli import Parser, positive_int, run_main
+from maskjax.attention import MaskedSelfAttention
+
+
+def seconds_per_call(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="python -m benchmarks.attention_impl", description=__doc__.splitlines()[0])
+    p.add_argument("--lengths", type=int_list, default=[64, 256, 1024], help="sequence lengths (default 64,256,1024)")
+    p.add_argument("--batch", type=positive_int, default=8)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--head-dim", type=positive_int, default=64)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed calls; the best is kept (default 5)")
+    args = p.parse_args(argv)
+    dtype = jnp.dtype(args.dtype)
+    print(f"{jax.devices()}, batch {args.batch}, {args.heads} heads of {args.head_dim}, {args.dtype}")
+    print("| length | einsum s | fused s | einsum / fused |")
+    print("|---|---|---|---|")
+    for length in args.lengths:
+        x = jax.random.normal(jax.random.key(0), (args.batch, length, args.heads * args.head_dim), dtype)
+        times = {}
+        for impl in ("einsum", "fused"):
+            layer = MaskedSelfAttention(args.heads, args.head_dim, mask_mode="learnable", dtype=dtype,
+                                        attention_impl=impl)
+            params = layer.init(jax.random.key(1), x)["params"]
+            step = jax.jit(jax.value_and_grad(lambda p, x, layer=layer: jnp.sum(layer.apply({"params": p}, x) ** 2)))
+            times[impl] = seconds_per_call(step, params, x, repeats=args.repeats)
+        ratio = times["einsum"] / times["fused"]
+        print(f"| {length} | {times['einsum']:.4g} | {times['fused']:.4g} | {ratio:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

@@ -1,0 +1,28 @@
+import matplotlib
+import numpy as np
+
+from maskjax import report
+
+
+def png_width(path):
+    return int.from_bytes(path.read_bytes()[16:20], "big")
+
+
+def test_plots_leave_a_notebooks_backend_alone_and_wrap_many_layers(tmp_path):
+    matplotlib.use("svg")
+    steps = [0, 10, 20]
+    records = [
+        {"method": m, "drift_steps": steps, "attention_drift": [[0.1 * s] * 12 for s in range(3)]}
+        for m in ("vanilla", "mask")
+    ]
+    report.plot_drift(records, tmp_path / "drift.png", ["attention_drift"])
+    assert matplotlib.get_backend() == "svg"
+    assert png_width(tmp_path / "drift.png") <= 3.6 * report.PANELS_PER_ROW * 110 + 1
+
+
+def test_maps_round_trip_in_float16(tmp_path):
+    maps = {"init": np.eye(3), "final": np.full((2, 3, 3), 0.25)}
+    report.write_maps(tmp_path / "m" / "a.npz", maps)
+    back = report.read_maps(tmp_path / "m" / "a.npz")
+    assert back.keys() == maps.keys() and back["final"].shape == (2, 3, 3)
+    np.testing.assert_allclose(back["init"], np.eye(3))
