@@ -3,7 +3,7 @@
 A softmax regression on the raw pixels, fitted by L-BFGS on exactly the class-balanced subsets the vision
 study trains each seed on (`maskjax.tasks.vision.balanced_subset`), scored on the test set. Prints one
 row per fraction and seed and the mean; with --out writes results.jsonl (with config, commit, JAX version
-and devices) there.
+and devices) and summary.md (the same tables) there.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     config = {"study": "vision_linear", "dataset": args.dataset, "train_fractions": args.train_fraction,
               "seeds": args.seeds, "model": "softmax regression on raw pixels, L-BFGS 200 steps, l2 1e-4"}
     records = []
-    print("| dataset | train_fraction | seed | images | test_acc (%) | train_loss |")
-    print("|---|---|---|---|---|---|")
+    rows = ["| dataset | train_fraction | seed | images | test_acc (%) | train_loss |", "|---|---|---|---|---|---|"]
+    print("\n".join(rows))
     for fraction in args.train_fraction:
         for seed in args.seeds if fraction < 1 else args.seeds[:1]:
             subset = vt.balanced_subset(data.train_labels, fraction, seed)
@@ -45,15 +45,20 @@ def main(argv: list[str] | None = None) -> int:
             )
             records.append({"dataset": args.dataset, "train_fraction": fraction, "seed": seed, "images": len(subset),
                             "method": "linear", "test_acc": acc, "train_loss": loss, "config": config})
-            print(f"| {args.dataset} | {fraction:g} | {seed} | {len(subset)} | {100 * acc:.2f} | {loss:.4g} |")
+            rows.append(f"| {args.dataset} | {fraction:g} | {seed} | {len(subset)} | {100 * acc:.2f} | {loss:.4g} |")
+            print(rows[-1])
+    means = []
     for fraction in args.train_fraction:
         accs = [r["test_acc"] for r in records if r["train_fraction"] == fraction]
-        print(f"{args.dataset} {fraction:g}: test_acc {100 * np.mean(accs):.2f} +- {100 * np.std(accs):.2f} "
-              f"over {len(accs)} subset(s)")
+        means.append(f"{args.dataset} {fraction:g}: test_acc {100 * np.mean(accs):.2f} +- {100 * np.std(accs):.2f} "
+                     f"over {len(accs)} subset(s)")
+    print("\n".join(means))
     if args.out is not None:
         meta = report.environment()
         report.write_jsonl(args.out / "results.jsonl", [{**r, **meta} for r in records])
-        print(f"results in {args.out}/results.jsonl")
+        report.write_atomic(args.out / "summary.md", "\n".join(
+            ["# Softmax regression on raw pixels", "", *rows, "", *(f"- {m}" for m in means), ""]))
+        print(f"results in {args.out}/results.jsonl and summary.md")
     return 0
 
 

@@ -255,3 +255,5 @@ def test_softmax_regression_separates_separable_classes_and_its_cli_writes_recor
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["train_fraction"], r["seed"]) for r in records] == [(0.5, 0), (0.5, 1), (1.0, 0)]
     assert all(0 <= r["test_acc"] <= 1 and r["git_commit"] and r["devices"] for r in records)
+    summary = (out / "summary.md").read_text()
+    assert summary.count("| fashion_mnist |") == 3 and "over 2 subset(s)" in summary
