@@ -328,10 +328,12 @@ DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
 PANELS_PER_ROW = 4
 
 
-def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False) -> None:
+def plot_drift(
+    records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False, per_layer: bool = True
+) -> None:
     """Per drift key, one panel per layer (wrapped PANELS_PER_ROW to a row): the mean over seeds against training
     step, per method, with the seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per
-    key, [steps][layers] values."""
+    key, [steps][layers] values; `per_layer=False` titles the panels by key, for curves with one value a step."""
     records = [r for r in records if r.get("drift_steps")]
     methods = list(dict.fromkeys(r["method"] for r in records))
     keys = [k for k in keys if any(k in r for r in records)]
@@ -353,7 +355,7 @@ def plot_drift(records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_
                 steps = runs[0]["drift_steps"]
                 ax.plot(steps, values.mean(0), label=method)
                 ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
-            ax.set_title(f"layer {layer}", fontsize=9)
+            ax.set_title(f"layer {layer}" if per_layer else key, fontsize=9)
             if log:
                 ax.set_yscale("symlog", linthresh=1e-8)
             ax.set_xlabel("step")
