@@ -25,6 +25,9 @@ MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 # one); "einsum": the explicit softmax the probes read; "auto": fused off CPU, einsum on CPU, so the
 # CPU results in docs/ stay bit for bit reproducible. Sown weights always take the einsum path.
 AttentionImpl = Literal["auto", "einsum", "fused"]
+# "full": one logit per (head, query, key); "toeplitz": one per (head, offset i - j), as T5 and ALiBi
+# parameterise relative position, expanded by `toeplitz_logits` (for causal attention).
+MaskStructure = Literal["full", "toeplitz"]
 
 
 def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: int, kv_len: int) -> None:
@@ -55,6 +58,25 @@ def check_finite(mask_logits: jax.Array | np.ndarray) -> None:
 def mask_bias(mask_logits: jax.Array | np.ndarray, mask_scale: float | jax.Array = 1.0, dtype=jnp.float32) -> jax.Array:
     """log_sigmoid(mask_scale * mask_logits): the additive logit bias, <= 0, for any attention taking a `bias`."""
     return jax.nn.log_sigmoid(jnp.asarray(mask_scale, dtype) * jnp.asarray(mask_logits, dtype))
+
+
+def toeplitz_logits(relative_HD: jax.Array, q_len: int, kv_len: int) -> jax.Array:
+    """M[h, i, j] = m[h, i - j + kv_len - q_len] from one logit per head and offset, relative_HD [heads, kv_len].
+
+    Entries above the causal diagonal (negative offsets) take offset 0's value: a causal mask hides them,
+    so they never reach the softmax or the gradient."""
+    if relative_HD.shape[-1] < kv_len:
+        raise ConfigError(f"relative mask of {relative_HD.shape[-1]} offsets cannot cover {kv_len} keys")
+    offsets = jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :] + (kv_len - q_len)
+    return relative_HD[..., jnp.clip(offsets, 0, None)]
+
+
+def alibi_bias(heads: int, length: int) -> np.ndarray:
+    """ALiBi's fixed bias -slope_h * (i - j) [heads, length, length] (Press et al. 2022): slopes
+    2^(-8 (h + 1) / heads), the geometric sequence of the paper; future keys get 0 (a causal mask hides them)."""
+    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    distance = np.maximum(np.arange(length)[:, None] - np.arange(length)[None, :], 0)
+    return (-slopes[:, None, None] * distance).astype(np.float32)
 
 
 def qk_logits(q: jax.Array, k: jax.Array) -> jax.Array:
@@ -125,16 +147,20 @@ def fused_attention(
     *,
     mask_scale: float | jax.Array = 1.0,
     causal: bool = False,
+    bias: jax.Array | None = None,
 ) -> jax.Array:
-    """`masked_attention` through jax.nn.dot_product_attention, the mask as its bias (same numbers to float
-    rounding; the backend may fuse it). Self-attention layout [batch..., length, heads, head_dim]."""
+    """`masked_attention` through jax.nn.dot_product_attention, the mask (plus any fixed `bias`) as its bias
+    (same numbers to float rounding; the backend may fuse it). Self-attention layout
+    [batch..., length, heads, head_dim]."""
     lead, (q_len, heads, _) = q.shape[:-3], q.shape[-3:]
     q4, k4, v4 = (a.reshape((-1, *a.shape[-3:])) for a in (q, k, v))
-    bias = None
+    shape = (1, heads, q_len, k.shape[-3])
+    total = None if bias is None else jnp.broadcast_to(jnp.asarray(bias, q.dtype), shape)
     if mask_logits is not None:
         check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
-        bias = jnp.broadcast_to(mask_bias(mask_logits, mask_scale, q.dtype), (1, heads, q_len, k.shape[-3]))
-    out = jax.nn.dot_product_attention(q4, k4, v4, bias=bias, is_causal=causal)
+        masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale, q.dtype), shape)
+        total = masked if total is None else total + masked
+    out = jax.nn.dot_product_attention(q4, k4, v4, bias=total, is_causal=causal)
     return out.reshape((*lead, *out.shape[1:]))
 
 
@@ -217,6 +243,22 @@ def nnx_mask_logits(
     return nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
 
 
+def mask_shape(mask_structure: MaskStructure, heads: int, length: int) -> tuple[int, ...]:
+    """The stored shape of a mask: [heads, N, N] for "full", [heads, N] (one per offset) for "toeplitz"."""
+    if mask_structure == "full":
+        return (heads, length, length)
+    if mask_structure == "toeplitz":
+        return (heads, length)
+    raise ConfigError(f"unknown mask_structure {mask_structure!r}; expected 'full' or 'toeplitz'")
+
+
+def expand_mask(mask_logits: jax.Array | None, length: int) -> jax.Array | None:
+    """A stored mask as [heads, N, N]: a Toeplitz one ([heads, N]) expanded, a full one as it is."""
+    if mask_logits is None or mask_logits.ndim == 3:
+        return mask_logits
+    return toeplitz_logits(mask_logits, length, length)
+
+
 def use_fused(attention_impl: AttentionImpl, sowing: bool) -> bool:
     if attention_impl not in ("auto", "einsum", "fused"):
         raise ConfigError(f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum' or 'fused'")
@@ -252,6 +294,9 @@ class MaskedSelfAttention(nn.Module):
     qk_norm: LayerNorm over head_dim on queries and keys (QK-LayerNorm), which bounds the q.k logits.
     causal: a hard causal mask under the bias.
     attention_impl: see `AttentionImpl`.
+    mask_structure: see `MaskStructure`; "toeplitz" keeps `mask_logits` as [heads, N] (one per offset).
+    `__call__(x, bias=None)`: bias, broadcastable to [heads, N, N], is a fixed logit bias added beside the
+    mask (ALiBi, or a mask shared across layers that the caller owns).
     """
 
     heads: int
@@ -266,9 +311,10 @@ class MaskedSelfAttention(nn.Module):
     qk_norm: bool = False
     causal: bool = False
     attention_impl: AttentionImpl = "auto"
+    mask_structure: MaskStructure = "full"
 
     @nn.compact
-    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None) -> jax.Array:
         length, features = x_BLD.shape[-2], x_BLD.shape[-1]
         dense = {"kernel_init": self.kernel_init, "dtype": self.dtype, "param_dtype": self.param_dtype}
         qkv = nn.DenseGeneral((3, self.heads, self.head_dim), use_bias=False, name="qkv", **dense)(x_BLD)
@@ -276,13 +322,15 @@ class MaskedSelfAttention(nn.Module):
         if self.qk_norm:
             q = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="q_norm")(q)
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
-        mask_logits = linen_mask_logits(self, self.mask_mode, self.mask_init, (self.heads, length, length))
+        shape = mask_shape(self.mask_structure, self.heads, length)
+        mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
         if use_fused(self.attention_impl, self.is_mutable_collection("intermediates")):
-            out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal)
+            out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
             logits_BHQK = qk_logits(q, k)
             self.sow("intermediates", "qk_logits", logits_BHQK)
-            weights = biased_softmax(logits_BHQK, mask_logits, self.mask_scale, self.causal)
+            biased_BHQK = logits_BHQK if bias is None else logits_BHQK + jnp.asarray(bias, logits_BHQK.dtype)
+            weights = biased_softmax(biased_BHQK, mask_logits, self.mask_scale, self.causal)
             self.sow("intermediates", "attention", weights)
             out = attend(weights, v)
         out = nn.DenseGeneral(
@@ -320,6 +368,7 @@ class NNXMaskedSelfAttention(nnx.Module):
         qk_norm: bool = False,
         causal: bool = False,
         attention_impl: AttentionImpl = "auto",
+        mask_structure: MaskStructure = "full",
         rngs: nnx.Rngs,
     ):
         self.heads, self.head_dim, self.mask_scale = heads, head_dim, mask_scale
@@ -336,19 +385,20 @@ class NNXMaskedSelfAttention(nnx.Module):
         norm = {"epsilon": 1e-5, "param_dtype": param_dtype, "rngs": rngs}
         self.q_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
         self.k_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
-        self.mask_logits = nnx_mask_logits(mask_mode, mask_init, (heads, length, length), rngs)
+        self.mask_logits = nnx_mask_logits(mask_mode, mask_init, mask_shape(mask_structure, heads, length), rngs)
 
-    def __call__(self, x_BLD: jax.Array, *, sow_weights: bool = False) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None, *, sow_weights: bool = False) -> jax.Array:
         qkv = self.qkv(x_BLD)
         q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        mask = None if self.mask_logits is None else self.mask_logits[...]
+        mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])
         if use_fused(self.attention_impl, sow_weights):
-            out = fused_attention(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal)
+            out = fused_attention(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
             logits_BHQK = qk_logits(q, k)
-            weights = biased_softmax(logits_BHQK, mask, self.mask_scale, self.causal)
+            biased_BHQK = logits_BHQK if bias is None else logits_BHQK + jnp.asarray(bias, logits_BHQK.dtype)
+            weights = biased_softmax(biased_BHQK, mask, self.mask_scale, self.causal)
             if sow_weights:
                 self.sow(nnx.Intermediate, "qk_logits", logits_BHQK)
                 self.sow(nnx.Intermediate, "attention", weights)

@@ -22,7 +22,9 @@ class Method:
     entries placed at random, drawn per seed, "learned" the pattern `maskjax.discover` reads off the
     training data (no oracle).
     qk_init names the Q/K initialisation ("default" for the framework's own); qk_norm adds a LayerNorm
-    on queries and keys (QK-LayerNorm) in every block.
+    on queries and keys (QK-LayerNorm) in every block. mask_structure: "study" for the study's own
+    parameterisation of M (per entry, or per distance in the language study), "full" for one logit per
+    entry everywhere. position_bias: a fixed bias beside the mask ("alibi").
     """
 
     name: str
@@ -30,6 +32,8 @@ class Method:
     mask_pattern: str = "none"
     qk_init: str = "default"
     qk_norm: bool = False
+    mask_structure: str = "study"
+    position_bias: str = "none"
     description: str = ""
 
 
@@ -47,6 +51,12 @@ def get_method(name: str) -> Method:
     if name not in METHODS:
         raise ConfigError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     return METHODS[name]
+
+
+def check_in_study(method: Method, study: str, supports_position_bias: bool = False) -> None:
+    """Refuse a method whose prior the study cannot build, rather than train it as something else."""
+    if method.position_bias != "none" and not supports_position_bias:
+        raise ConfigError(f"method {method.name!r} ({method.position_bias} bias) is not defined for the {study} study")
 
 
 register(Method("vanilla", description="plain attention, framework initialisation"))
@@ -69,3 +79,13 @@ register(
 register(Method("vanilla_qknorm", qk_norm=True, description="vanilla with LayerNorm on queries and keys (the control)"))
 register(Method("qk_svd_qknorm", qk_init="svd", qk_norm=True, description="qk_svd with LayerNorm on queries and keys"))
 register(Method("qk_opt_qknorm", qk_init="opt", qk_norm=True, description="qk_opt with LayerNorm on queries and keys"))
+register(
+    Method(
+        "mask_full",
+        "learnable",
+        "oracle",
+        mask_structure="full",
+        description="learnable mask with one logit per query-key entry (in the language study: not the Toeplitz bias)",
+    )
+)
+register(Method("alibi", position_bias="alibi", description="ALiBi's fixed linear distance bias, a published control"))

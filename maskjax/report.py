@@ -281,7 +281,7 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
     """Accuracy per task and method with every seed shown; the reference method as a dashed line."""
     tasks = list(dict.fromkeys(r["task"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != reference))
-    fig, axes = _figure(1, len(tasks), 3.2, 3.2)
+    fig, axes = figure(1, len(tasks), 3.2, 3.2)
     for ax, task in zip(axes[0], tasks, strict=True):
         for i, method in enumerate(methods):
             values = [
@@ -299,7 +299,7 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
         ax.set_ylabel(f"{key} (%)")
     axes[0][0].legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: str, line: str) -> None:
@@ -307,7 +307,7 @@ def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: s
     the mean over seeds, every seed as a dot."""
     panels = list(dict.fromkeys(r[panel] for r in records))
     lines = list(dict.fromkeys(r[line] for r in records))
-    fig, axes = _figure(1, len(panels), 3.8, 3.2)
+    fig, axes = figure(1, len(panels), 3.8, 3.2)
     for ax, name in zip(axes[0], panels, strict=True):
         for label in lines:
             rows = [r for r in records if r[panel] == name and r[line] == label and r[y] is not None]
@@ -321,7 +321,7 @@ def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: s
         ax.set_title(str(name))
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
@@ -340,7 +340,7 @@ def plot_drift(
     layers = len(next(r[keys[0]][0] for r in records if keys[0] in r)) if keys else 0
     columns = min(max(layers, 1), PANELS_PER_ROW)
     rows_per_key = -(-max(layers, 1) // columns)
-    fig, axes = _figure(max(len(keys), 1) * rows_per_key, columns, 3.6, 3.0)
+    fig, axes = figure(max(len(keys), 1) * rows_per_key, columns, 3.6, 3.0)
     for ax in axes.flat:
         ax.axis("off")
     for row, key in enumerate(keys):
@@ -363,7 +363,7 @@ def plot_drift(
     if layers:
         axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_matrices(
@@ -371,7 +371,7 @@ def plot_matrices(
 ) -> None:
     """One heat map per named [N, N] matrix, `columns` to a row (queries down, keys across)."""
     rows = -(-len(matrices) // columns)
-    fig, axes = _figure(rows, columns, 3.4, 3.2)
+    fig, axes = figure(rows, columns, 3.4, 3.2)
     for ax in axes.flat[len(matrices) :]:
         ax.axis("off")
     for ax, (title, matrix) in zip(axes.flat, matrices.items(), strict=False):
@@ -382,12 +382,12 @@ def plot_matrices(
             ax.set_yticks(range(len(labels)), labels, fontsize=5)
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path, title: str) -> None:
     """A labelled heat map with each cell's value written in it."""
-    fig, axes = _figure(1, 1, 1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5)
+    fig, axes = figure(1, 1, 1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5)
     ax = axes[0][0]
     image = ax.imshow(grid, cmap="viridis")
     ax.set_xticks(range(len(columns)), columns)
@@ -399,10 +399,10 @@ def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], 
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
-def _figure(rows: int, columns: int, width: float, height: float):
+def figure(rows: int, columns: int, width: float, height: float):
     """A figure of rows x columns panels, each width x height inches, built without pyplot so that a
     notebook's matplotlib backend is never switched; axes always 2-D."""
     from matplotlib.figure import Figure
@@ -411,7 +411,7 @@ def _figure(rows: int, columns: int, width: float, height: float):
     return fig, fig.subplots(rows, columns, squeeze=False)
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: Path) -> None:
     if jax.process_index() != 0:
         return
     path = Path(path)

@@ -9,7 +9,14 @@ import jax
 import numpy as np
 from flax import linen as nn
 
-from maskjax.attention import MaskedSelfAttention, MaskInit, MaskMode, torch_bias_init, torch_linear_init
+from maskjax.attention import (
+    MaskedSelfAttention,
+    MaskInit,
+    MaskMode,
+    MaskStructure,
+    torch_bias_init,
+    torch_linear_init,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,16 +34,20 @@ def torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") -
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block: masked self-attention, then a GELU MLP, each added to the residual stream."""
+    """Pre-LayerNorm block: masked self-attention, then a GELU MLP, each added to the residual stream.
+
+    bias: a fixed logit bias for the attention (see `MaskedSelfAttention`)."""
 
     config: ModelConfig
     mask_mode: MaskMode
     mask_init: MaskInit | jax.Array | np.ndarray | None
     qk_norm: bool = False
     causal: bool = False
+    mask_scale: float = 1.0
+    mask_structure: MaskStructure = "full"
 
     @nn.compact
-    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None) -> jax.Array:
         c = self.config
         h = nn.LayerNorm(epsilon=1e-5, name="attn_norm")(x_BLD)
         x_BLD = x_BLD + MaskedSelfAttention(
@@ -47,8 +58,10 @@ class Block(nn.Module):
             dtype=c.dtype,
             qk_norm=self.qk_norm,
             causal=self.causal,
+            mask_scale=self.mask_scale,
+            mask_structure=self.mask_structure,
             name="attn",
-        )(h)
+        )(h, bias)
         h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)
         h = torch_dense(c.mlp_dim, c.dim, "mlp_in", c.dtype)(h)
         h = nn.gelu(h, approximate=False)

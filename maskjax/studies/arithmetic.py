@@ -19,7 +19,7 @@ import optax
 from maskjax import priors, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, get_method
+from maskjax.methods import Method, check_in_study, get_method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
 from maskjax.tasks import arithmetic as ar
@@ -195,6 +195,8 @@ def resolve(
     """Tasks and methods by name; anything that cannot be built fails here, before any training."""
     tasks = [ar.ArithmeticTask(op, answer_format) for op in ops]
     resolved = [get_method(m) for m in methods]
+    for method in resolved:
+        check_in_study(method, "arithmetic")
     for task in tasks:
         for method in resolved:
             try:

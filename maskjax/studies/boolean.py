@@ -14,7 +14,7 @@ import numpy as np
 from maskjax import discover, priors, probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, get_method
+from maskjax.methods import Method, check_in_study, get_method
 from maskjax.models.gotu import GotuTransformer
 from maskjax.models.layers import ModelConfig
 from maskjax.tasks.boolean import (
@@ -410,6 +410,8 @@ def resolve(
 ) -> tuple[list[BooleanTask], list[Method]]:
     """Tasks and methods by name; a (task, method) pair that cannot be built fails here, before any training."""
     resolved = [get_task(t) for t in tasks], [get_method(m) for m in methods]
+    for method in resolved[1]:
+        check_in_study(method, "boolean")
     for task in resolved[0]:
         for method in resolved[1]:
             try:

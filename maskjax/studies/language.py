@@ -1,0 +1,349 @@
+"""The language study: a small causal LM per (corpus, method), all seeds one vmapped batch.
+
+The prior is the paper's relative-distance mask used as log_sigmoid(s * M): by default one learnable
+logit per head and distance (a Toeplitz bias, `mask`), or one per entry (`mask_full`); `alibi` is the
+fixed ALiBi bias, a published control. Every run trains on the same packed windows of the training
+split; after every chunk a probe measures the validation loss on fixed windows, how far the bias moved
+(as a function of distance) and how far layer 0's attention drifted. At the end the whole test split
+is scored: perplexity per token and bits per byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maskjax import probes, sweep
+from maskjax.checkpoint import SweepCheckpoints
+from maskjax.errors import ConfigError
+from maskjax.methods import Method, check_in_study, get_method
+from maskjax.models.causal import CausalTransformer
+from maskjax.models.layers import ModelConfig
+from maskjax.tasks import language as lt
+from maskjax.train import TrainConfig, to_host, variables_of
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageConfig:
+    """scale: s in log_sigmoid(s * M) (the paper's 10, chosen by hand); mask_init: `lt.MASK_INITS`;
+    share_mask: one bias for all layers instead of one per layer; max_positions: the learned position
+    table's size (default: the context), which the context must not exceed."""
+
+    preset: str
+    model: ModelConfig
+    context: int
+    steps: int
+    vocab_size: int = 4096
+    tokenizer: str = "bpe"
+    batch_size: int = 32
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_fraction: float = 0.05
+    clip_norm: float | None = 1.0
+    scale: float = 10.0
+    mask_init: str = "window"
+    share_mask: bool = False
+    max_positions: int | None = None
+    chunk_steps: int = 100
+    val_windows: int = 32
+    drift_windows: int = 4
+    eval_batch: int = 32
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            self.steps,
+            self.batch_size,
+            self.learning_rate,
+            self.weight_decay,
+            self.chunk_steps,
+            optimizer="adamw",
+            schedule="cosine",
+            warmup_steps=int(self.warmup_fraction * self.steps),
+            clip_norm=self.clip_norm,
+        )
+
+
+PRESETS: dict[str, LanguageConfig] = {
+    # For an accelerator, near the paper's small models: GPT-2 BPE (pass --tokenizer=gpt2:DIR), 6 x 384,
+    # context 256, AdamW with warmup and cosine decay.
+    "paper": LanguageConfig(
+        "paper",
+        ModelConfig(dim=384, depth=6, heads=6, head_dim=64, mlp_dim=1536),
+        context=256,
+        steps=20_000,
+        vocab_size=50_257,
+        batch_size=64,
+        learning_rate=6e-4,
+        chunk_steps=500,
+        val_windows=128,
+        eval_batch=64,
+    ),
+    # Sized for the 2-core CPU before any mask result (docs/results/language_quick.md says how): 4 layers of
+    # width 64, context 128, a 4096-token BPE; 600 steps of 32 windows, about 1.5 epochs of Brown's training split.
+    "quick": LanguageConfig(
+        "quick", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256), context=128, steps=600
+    ),
+    "test": LanguageConfig(
+        "test",
+        ModelConfig(dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32),
+        context=8,
+        steps=6,
+        vocab_size=300,
+        batch_size=4,
+        chunk_steps=3,
+        val_windows=4,
+        drift_windows=2,
+        eval_batch=4,
+    ),
+}
+
+METHODS = ("vanilla", "mask", "mask_full", "mask_fixed", "mask_zero", "alibi")
+
+
+class LanguageData(NamedTuple):
+    """A corpus tokenized and packed (`lt.pack`): training windows, and validation / test windows with
+    their weights, and what the scores divide by."""
+
+    corpus: str
+    tokenizer: str
+    vocab_size: int
+    train: np.ndarray
+    val: np.ndarray
+    val_weights: np.ndarray
+    test: np.ndarray
+    test_weights: np.ndarray
+    test_bytes: int
+
+
+def get_preset(name: str) -> LanguageConfig:
+    return sweep.get_preset(PRESETS, name)
+
+
+def resolve(methods: Sequence[str]) -> list[Method]:
+    """Methods by name, each checked against the language study before any text is read."""
+    resolved = [get_method(m) for m in methods]
+    for method in resolved:
+        check_in_study(method, "language", supports_position_bias=True)
+        if method.name not in METHODS:
+            known = ", ".join(METHODS)
+            raise ConfigError(f"method {method.name!r} is not defined for the language study; known: {known}")
+    return resolved
+
+
+def check_config(config: LanguageConfig) -> None:
+    """Refuse a config that cannot be built, before any text is read."""
+    if not config.scale > 0:
+        raise ConfigError(f"--scale must be > 0, got {config.scale}")
+    if config.max_positions is not None and config.context > config.max_positions:
+        raise ConfigError(f"context {config.context} is longer than the position table ({config.max_positions})")
+    lt.relative_mask_logits(1, 1, config.mask_init)
+
+
+def prepare(corpus, tokenizer, context: int) -> LanguageData:
+    """Tokenize a `maskjax.data.text.TextCorpus` and pack its splits into windows of `context` predictions."""
+    splits = {}
+    for name in ("train", "validation", "test"):
+        documents = getattr(corpus, name)
+        stream = lt.token_stream(tokenizer.encode_batch(list(documents)), tokenizer.eos_id)
+        try:
+            splits[name] = lt.pack(stream, context, keep_partial=name != "train")
+        except ConfigError as e:
+            raise ConfigError(f"{corpus.name} {name} split: {e}") from None
+    return LanguageData(
+        corpus.name,
+        tokenizer.name,
+        tokenizer.vocab_size,
+        splits["train"][0],
+        *splits["validation"],
+        *splits["test"],
+        lt.split_bytes(corpus.test),
+    )
+
+
+def mask_structure(method: Method) -> str:
+    return "full" if method.mask_structure == "full" else "toeplitz"
+
+
+def initial_mask(method: Method, config: LanguageConfig) -> np.ndarray:
+    """The method's initial mask as stored: [heads, context] per distance, or its expansion
+    [heads, context, context] for a full mask; zeros for `mask_zero`."""
+    heads = config.model.heads
+    kind = "zero" if method.mask_pattern == "zero" else config.mask_init
+    relative = lt.relative_mask_logits(heads, config.context, kind)
+    if mask_structure(method) == "toeplitz":
+        return relative
+    distance = np.arange(config.context)[:, None] - np.arange(config.context)[None, :]
+    return relative[:, np.clip(distance, 0, None)]
+
+
+def make_model(vocab: int, method: Method, config: LanguageConfig, mask_init=None) -> CausalTransformer:
+    return CausalTransformer(
+        vocab,
+        config.max_positions or config.context,
+        config.model,
+        method.mask_mode,
+        mask_init,
+        method.qk_norm,
+        mask_scale=config.scale,
+        mask_structure=mask_structure(method),
+        share_mask=config.share_mask,
+        position_bias=method.position_bias,
+    )
+
+
+def window_nll(logits_BLV: jax.Array, windows_BW: jax.Array) -> jax.Array:
+    """Next-token negative log-likelihood per position [batch, context]."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits_BLV, windows_BW[:, 1:])
+
+
+def mask_profiles(model: CausalTransformer, method: Method, variables: dict) -> jax.Array:
+    """Every layer's mask as a function of distance, [layers, heads, context] (one row when shared)."""
+    collection = variables["params" if method.mask_mode == "learnable" else "constants"]
+    if model.share_mask:
+        masks = [collection["shared_mask"]["mask_logits"]]
+    else:
+        masks = [collection[f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)]
+    stacked = jnp.stack(masks)
+    if stacked.ndim == 3:
+        return stacked
+    n = stacked.shape[-1]
+    rows = jnp.arange(n)[:, None]
+    keys = rows - jnp.arange(n)[None, :]
+    visible = (keys >= 0).astype(stacked.dtype)
+    gathered = jnp.take_along_axis(stacked, jnp.broadcast_to(jnp.clip(keys, 0, None), stacked.shape), axis=-1)
+    return (gathered * visible).sum(-2) / visible.sum(-2)
+
+
+def run_batch(
+    data: LanguageData,
+    method: Method,
+    seeds: Sequence[int],
+    config: LanguageConfig,
+    log: Callable[[str], None] | None = None,
+    checkpoints: SweepCheckpoints | None = None,
+    resume: bool = False,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Train (corpus, method) for every seed as one vmapped batch. Returns one record per seed and, for the
+    plots, seed 0's bias per layer, head and distance at init and after training."""
+    batch = make_batch(data, method, seeds, config)
+    model, train_config = batch.model, batch.train_config
+    val_x = jnp.asarray(data.val[: config.val_windows])
+    val_w = jnp.asarray(data.val_weights[: config.val_windows])
+    drift_x = val_x[: config.drift_windows, :-1]
+    has_mask = method.mask_mode != "none"
+
+    def probe(initial, state) -> dict[str, jax.Array]:
+        variables = variables_of(state.params, state.constants)
+        start = variables_of(initial.params, initial.constants)
+        nll = window_nll(model.apply(variables, val_x[:, :-1]), val_x)
+        attention = sweep.sown(model, variables, drift_x, "attention")
+        attention_0 = sweep.sown(model, start, drift_x, "attention")
+        out = {
+            "val_loss": (nll * val_w).sum() / val_w.sum(),
+            "attention_drift": probes.row_total_variation(attention, attention_0).mean(axis=(1, 2, 3)),
+        }
+        if has_mask:
+            out |= probes.mask_persistence(mask_profiles(model, method, start), mask_profiles(model, method, variables))
+        return out
+
+    started = time.time()
+    initial, final, history, curves, curve_steps = sweep.train_batch(
+        batch,
+        f"{data.corpus} {method.name}",
+        log,
+        checkpoints,
+        resume,
+        probe=probe,
+    )
+    nll_sum, tokens = score(model, final, data.test, data.test_weights, config.eval_batch)
+    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, ~np.isfinite(nll_sum))
+    records = []
+    for i, seed in enumerate(seeds):
+        diverged = outcomes[i]["diverged"]
+        records.append(
+            {
+                "corpus": data.corpus,
+                "tokenizer": data.tokenizer,
+                "method": method.name,
+                "seed": int(seed),
+                "scale": config.scale,
+                "test_ppl": None if diverged else lt.perplexity(float(nll_sum[i]), tokens),
+                "test_bpb": None if diverged else lt.bits_per_byte(float(nll_sum[i]), data.test_bytes),
+                "test_tokens": int(tokens),
+                "test_bytes": int(data.test_bytes),
+                "train_windows": int(len(data.train)),
+                "drift_steps": curve_steps,
+                **{name: np.round(series[i].astype(np.float64), 6).tolist() for name, series in curves.items()},
+                **outcomes[i],
+            }
+        )
+    maps = {}
+    if has_mask:
+        start, end = (jax.tree.map(lambda a: a[0], s) for s in (initial, final))
+        maps["mask_init"] = to_host(mask_profiles(model, method, variables_of(start.params, start.constants)))
+        maps["mask_final"] = to_host(mask_profiles(model, method, variables_of(end.params, end.constants)))
+    return records, maps
+
+
+class Batch(NamedTuple):
+    """What `sweep.train_batch` needs for one (corpus, method) batch, and the model evaluation reuses."""
+
+    model: CausalTransformer
+    init_run: Callable
+    loss: Callable
+    run_keys: jax.Array
+    run_masks: jax.Array
+    data: jax.Array
+    train_config: TrainConfig
+
+
+def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config: LanguageConfig) -> Batch:
+    """The one-run init and loss of (corpus, method) and every seed's key and initial mask; all runs share
+    the training windows."""
+    model = make_model(data.vocab_size, method, config)
+    train_windows = jnp.asarray(data.train)
+    init_run = sweep.prior_init(
+        lambda mask_logits: make_model(data.vocab_size, method, config, mask_logits),
+        method,
+        train_windows[:1, :-1],
+        jnp.zeros((1, 1, 1)),
+        jnp.zeros((1, 1, 1)),
+        0,
+    )
+
+    def loss(params, constants, windows_BW):
+        return window_nll(model.apply(variables_of(params, constants), windows_BW[:, :-1]), windows_BW).mean()
+
+    run_masks = jnp.asarray(np.stack([initial_mask(method, config)] * len(seeds)))
+    return Batch(model, init_run, loss, sweep.seed_keys(seeds), run_masks, train_windows, config.train_config())
+
+
+def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
+    """Per run, the summed negative log-likelihood over every weighted target of `windows` ([runs]), and the
+    number of targets. Windows are padded (weight 0) to a multiple of eval_batch."""
+    size = min(eval_batch, len(windows))
+    pad = -len(windows) % size
+    windows = np.concatenate([windows, np.repeat(windows[-1:], pad, 0)])
+    weights = np.concatenate([weights, np.zeros((pad, weights.shape[1]), weights.dtype)])
+    x = jnp.asarray(windows).reshape(-1, size, windows.shape[1])
+    w = jnp.asarray(weights).reshape(-1, size, weights.shape[1])
+
+    @jax.jit
+    @jax.vmap
+    def one_run(params, constants):
+        variables = variables_of(params, constants)
+
+        def chunk(batch):
+            windows_BW, weights_BL = batch
+            return (window_nll(model.apply(variables, windows_BW[:, :-1]), windows_BW) * weights_BL).sum()
+
+        return jax.lax.map(chunk, (x, w)).sum()
+
+    return to_host(one_run(state.params, state.constants)).astype(np.float64), float(weights.sum())
