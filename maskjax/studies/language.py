@@ -86,9 +86,9 @@ PRESETS: dict[str, LanguageConfig] = {
         eval_batch=64,
     ),
     # Sized for the 2-core CPU before any mask result (docs/results/language_quick.md says how): 4 layers of
-    # width 64, context 128, a 4096-token BPE; 600 steps of 32 windows, about 1.5 epochs of Brown's training split.
+    # width 64, context 128, a 4096-token BPE; 300 steps of 32 windows, 0.9 epochs of Brown's training split.
     "quick": LanguageConfig(
-        "quick", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256), context=128, steps=600
+        "quick", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256), context=128, steps=300
     ),
     "test": LanguageConfig(
         "test",
