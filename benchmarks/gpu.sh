@@ -24,3 +24,11 @@ if [ -n "${CIFAR_DIR:-}" ]; then
     "$py" -m experiments.vision --dataset=cifar10 --data-dir="$CIFAR_DIR" --preset=paper --seeds=1 \
         --methods=vanilla,mask,mimetic,impulse --out="$out/vision_paper_cifar10" 2>&1 | tee "$out/vision_paper_cifar10.log"
 fi
+# The language study at the paper preset (6 x 384, context 256, GPT-2's BPE) needs a corpus and GPT-2's
+# vocab.json / merges.txt on the machine: set TINYSTORIES_DIR (TinyStories-train.txt, TinyStories-valid.txt)
+# and GPT2_DIR. Hours, not minutes: run it alone.
+if [ -n "${TINYSTORIES_DIR:-}" ] && [ -n "${GPT2_DIR:-}" ]; then
+    "$py" -m experiments.language --corpus=tinystories --data-dir="$TINYSTORIES_DIR" --tokenizer="gpt2:$GPT2_DIR" \
+        --preset=paper --seeds=4 --methods=vanilla,mask,mask_full,alibi --out="$out/language_paper_tinystories" \
+        2>&1 | tee "$out/language_paper_tinystories.log"
+fi

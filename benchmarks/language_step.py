@@ -8,21 +8,16 @@ never asserts.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.train_step import int_list
-from experiments.cli import Parser, name_list, positive_int, run_main
+from benchmarks.train_step import int_list, seconds_per_step
+from experiments.cli import Parser, add_model_flags, name_list, positive_int, run_main, with_overrides
 from maskjax.methods import get_method
 from maskjax.studies import language as study
 from maskjax.train import compile_program, shard_runs
-
-MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,20 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=positive_int, help="override the preset's context")
     p.add_argument("--vocab-size", type=positive_int, help="override the preset's vocabulary size")
     p.add_argument("--batch-size", type=positive_int, help="override the preset's batch size")
-    for flag in MODEL_FLAGS:
-        p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"override model {flag}")
+    add_model_flags(p, "override model")
     p.add_argument("--steps", type=positive_int, default=10, help="steps per timed chunk (default 10)")
     p.add_argument("--repeats", type=positive_int, default=3, help="timed chunks; the best is kept (default 3)")
     args = p.parse_args(argv)
-    config = study.get_preset(args.preset)
-    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
-    overrides = {k: v for k in ("context", "vocab_size", "batch_size") if (v := getattr(args, k)) is not None}
-    config = dataclasses.replace(config, model=model, **overrides)
+    config = with_overrides(study.get_preset(args.preset), args, ("context", "vocab_size", "batch_size"))
     windows = np.random.default_rng(0).integers(0, config.vocab_size, (512, config.context + 1)).astype(np.int32)
     weights = np.ones((512, config.context), np.float32)
     data = study.LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
-    print(f"{args.preset}: {config.model}, context {config.context}, vocab {config.vocab_size}, "
-          f"batch {config.batch_size}, {jax.devices()}")
+    print(
+        f"{args.preset}: {config.model}, context {config.context}, vocab {config.vocab_size}, "
+        f"batch {config.batch_size}, {jax.devices()}"
+    )
     print("| method | seeds | s/step | min per batch of the preset's steps |")
     print("|---|---|---|---|")
     for name in args.methods:
@@ -55,15 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             batch = study.make_batch(data, method, list(range(seeds)), config)
             program = compile_program(batch.init_run, batch.loss, len(windows), batch.train_config)
             state = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
-            n = jnp.asarray(min(args.steps, batch.train_config.chunk_steps))
-            state, losses = program.chunk(state, batch.data, jnp.asarray(0), n)
-            jax.block_until_ready(losses)
-            best = float("inf")
-            for repeat in range(args.repeats):
-                started = time.perf_counter()
-                state, losses = program.chunk(state, batch.data, jnp.asarray((repeat + 1) * int(n)), n)
-                jax.block_until_ready(losses)
-                best = min(best, (time.perf_counter() - started) / int(n))
+            best = seconds_per_step(
+                program.chunk, state, batch.data, min(args.steps, batch.train_config.chunk_steps), args.repeats
+            )
             print(f"| {name} | {seeds} | {best:.4f} | {config.steps * best / 60:.1f} |")
     return 0
 

@@ -68,6 +68,19 @@ def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> f
     return 2 * size**3 / best
 
 
+def seconds_per_step(chunk, state, data, steps: int, repeats: int) -> float:
+    """The best of `repeats` timed chunks of `steps` steps, after one untimed chunk (compilation, warm-up)."""
+    state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
+    jax.block_until_ready(losses)
+    best = np.inf
+    for r in range(repeats):
+        started = time.perf_counter()
+        state, losses = chunk(state, data, jnp.asarray((r + 1) * steps), jnp.asarray(steps))
+        jax.block_until_ready(losses)
+        best = min(best, (time.perf_counter() - started) / steps)
+    return float(best)
+
+
 def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int, repeats: int) -> dict:
     """Seconds per step of `seeds` runs trained as one batch, with XLA's FLOP and memory counts."""
     batch = study.make_batch(task, method, list(range(seeds)), config)
@@ -77,14 +90,7 @@ def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int
     step = program.step.lower(state, batch.data, jnp.asarray(0)).compile()
     n_steps = jnp.asarray(steps)
     chunk = program.chunk.lower(state, batch.data, jnp.asarray(0), n_steps).compile()
-    state, _ = chunk(state, batch.data, jnp.asarray(0), n_steps)
-    jax.block_until_ready(state)
-    best = np.inf
-    for r in range(repeats):
-        started = time.perf_counter()
-        state, losses = chunk(state, batch.data, jnp.asarray((r + 1) * steps), n_steps)
-        jax.block_until_ready(losses)
-        best = min(best, (time.perf_counter() - started) / steps)
+    best = seconds_per_step(chunk, state, batch.data, steps, repeats)
     memory = chunk.memory_analysis()
     return {
         "seeds": seeds,

@@ -9,12 +9,10 @@ Measures, never asserts.
 from __future__ import annotations
 
 import sys
-import time
 
 import jax
-import jax.numpy as jnp
 
-from benchmarks.train_step import int_list
+from benchmarks.train_step import int_list, seconds_per_step
 from experiments.cli import Parser, fraction_list, name_list, positive_int, run_main
 from maskjax.data import images
 from maskjax.methods import get_method
@@ -45,15 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             n_train = batch.data[1].shape[-1]
             program = compile_program(batch.init_run, batch.loss, n_train, batch.train_config, augment=batch.augment)
             state = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
-            n = jnp.asarray(min(args.steps, batch.train_config.chunk_steps))
-            state, losses = program.chunk(state, batch.data, jnp.asarray(0), n)
-            jax.block_until_ready(losses)
-            best = float("inf")
-            for repeat in range(args.repeats):
-                started = time.perf_counter()
-                state, losses = program.chunk(state, batch.data, jnp.asarray((repeat + 1) * int(n)), n)
-                jax.block_until_ready(losses)
-                best = min(best, (time.perf_counter() - started) / int(n))
+            best = seconds_per_step(
+                program.chunk, state, batch.data, min(args.steps, batch.train_config.chunk_steps), args.repeats
+            )
             minutes = [config.train_config(round(f * len(data.train_labels))).steps * best / 60 for f in args.fractions]
             print(f"| {name} | {seeds} | {best:.4f} | " + " | ".join(f"{m:.1f}" for m in minutes) + " |")
     return 0

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -139,6 +141,21 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("interrupted: results written so far are kept", file=sys.stderr)
         return 130
+
+
+MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
+
+
+def add_model_flags(parser: argparse.ArgumentParser, help_prefix: str = "model") -> None:
+    """--dim, --depth, --heads, --head-dim, --mlp-dim: each overrides the preset's ModelConfig field."""
+    for flag in MODEL_FLAGS:
+        parser.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"{help_prefix} {flag}")
+
+
+def with_overrides(config: Any, args: argparse.Namespace, fields: Sequence[str]) -> Any:
+    """A study config with every flag the user set: the model flags on config.model, `fields` on config."""
+    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
+    return dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
 
 
 def add_run_control(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from experiments.cli import (
     Parser,
+    add_model_flags,
     add_run_control,
     add_seeds,
     name_list,
@@ -28,6 +29,7 @@ from experiments.cli import (
     progress,
     run_control,
     run_main,
+    with_overrides,
 )
 from maskjax import report
 from maskjax.data import text, tokenizer
@@ -39,7 +41,6 @@ KEYS = ("test_ppl", "test_bpb", "train_loss")
 GROUPS = ("corpus", "method")
 CURVE_KEYS = ("val_loss",)
 PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
-MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
 
 
 def parse_args(argv: list[str] | None):
@@ -65,8 +66,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--batch-size", type=positive_int, help="windows per step")
     p.add_argument("--learning-rate", type=positive_float, help="AdamW peak learning rate")
     p.add_argument("--weight-decay", type=non_negative_float, help="AdamW weight decay")
-    for flag in MODEL_FLAGS:
-        p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"model {flag}")
+    add_model_flags(p)
     p.add_argument("--cache", type=Path, help="tokenizer cache folder (default ~/.cache/maskjax/tokenizers)")
     p.add_argument(
         "--out", type=Path, default=Path("results/language"), help="output folder (default results/language)"
@@ -76,8 +76,6 @@ def parse_args(argv: list[str] | None):
 
 
 def resolve_config(args) -> study.LanguageConfig:
-    config = study.get_preset(args.preset)
-    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
     fields = (
         "scale",
         "mask_init",
@@ -90,7 +88,7 @@ def resolve_config(args) -> study.LanguageConfig:
         "learning_rate",
         "weight_decay",
     )
-    config = dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+    config = with_overrides(study.get_preset(args.preset), args, fields)
     if args.share_mask:
         config = dataclasses.replace(config, share_mask=True)
     study.check_config(config)

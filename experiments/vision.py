@@ -17,6 +17,7 @@ import numpy as np
 
 from experiments.cli import (
     Parser,
+    add_model_flags,
     add_run_control,
     add_seeds,
     finite_float,
@@ -28,6 +29,7 @@ from experiments.cli import (
     progress,
     run_control,
     run_main,
+    with_overrides,
 )
 from maskjax import report
 from maskjax.data import images
@@ -39,7 +41,6 @@ KEYS = ("test_acc", "test_loss", "train_loss", "pattern_error_init")
 GROUPS = ("dataset", "train_fraction", "method")
 CURVE_KEYS = ("test_acc_probe", "test_loss_probe")
 PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
-MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
 
 
 def non_negative_int(text: str) -> int:
@@ -77,16 +78,13 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--pool", choices=("gap", "cls"), help="global average pooling (default) or a CLS token")
     p.add_argument("--open", type=finite_float, dest="open_value", help="mask logit of open entries (preset +10)")
     p.add_argument("--closed", type=finite_float, dest="closed_value", help="mask logit of closed entries (preset -10)")
-    for flag in MODEL_FLAGS:
-        p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"model {flag}")
+    add_model_flags(p)
     p.add_argument("--out", type=Path, default=Path("results/vision"), help="output folder (default results/vision)")
     add_run_control(p)
     return p.parse_args(argv)
 
 
 def resolve_config(args) -> study.VisionConfig:
-    config = study.get_preset(args.preset)
-    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
     fields = (
         "steps",
         "epochs",
@@ -98,7 +96,7 @@ def resolve_config(args) -> study.VisionConfig:
         "open_value",
         "closed_value",
     )
-    return dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+    return with_overrides(study.get_preset(args.preset), args, fields)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,3 +26,10 @@ def test_attention_impl_benchmark_prints_a_ratio_per_length(cli):
     assert result.returncode == 0, result.stderr
     assert "| length | einsum s | fused s | einsum / fused |" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("| 8 |")
+
+
+def test_language_step_benchmark_prints_a_row_per_method_and_batch(cli):
+    result = cli("benchmarks.language_step", "--preset=test", "--seeds=1", "--methods=mask", "--steps=2", "--repeats=1")
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| mask |")]
+    assert len(rows) == 1 and float(rows[0].split("|")[3]) > 0

@@ -186,8 +186,9 @@ def test_cli_writes_every_output(cli, tmp_path, tiny_text):
 def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
     result = cli("experiments.language", "--corpus=text", "--preset=test", f"--out={tmp_path / 'o'}", *args)
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    lines = result.stderr.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith("error:") and "Traceback" not in result.stderr
+    assert [line for line in lines if line.startswith("error")] == lines[-1:]
 
 
 def test_an_empty_text_file_is_refused(cli, tmp_path):
