@@ -206,3 +206,25 @@ def test_other_studies_refuse_alibi():
         boolean.resolve(["2parity"], ["alibi"], boolean.get_preset("test"))
     with pytest.raises(ValueError, match="not defined for the arithmetic study"):
         arithmetic.resolve(["add"], ["alibi"], "reversed")
+
+
+def test_the_ngram_floors_against_hand_counts():
+    train = np.array([0, 1, 2, 1, 2, 0])
+    unigram = np.log(np.array([3, 3, 3]) / 9)
+    np.testing.assert_allclose(lt.unigram_logprobs(train, 3), unigram)
+    # p(2 | 1) = 0.5 * c(1, 2) / c(1) + 0.5 * p(2) = 0.5 * 1 + 0.5 / 3; p(0 | 2) = 0.5 * 1 / 2 + 0.5 / 3
+    expected = -np.log(0.5 + 0.5 / 3) - np.log(0.25 + 0.5 / 3)
+    assert lt.bigram_nll(train, np.array([1, 2, 0]), 3, 0.5) == pytest.approx(expected)
+    floors = lt.ngram_references(train, train, np.array([1, 2, 0]), 3)
+    assert floors["unigram"] == pytest.approx(-2 * unigram[0]) and 0.05 <= floors["bigram_weight"] <= 0.95
+
+
+def test_ngram_cli_writes_its_floors(cli, tmp_path, tiny_text):
+    out = tmp_path / "ngram"
+    result = cli("experiments.language_ngram", "--corpus=text", f"--data-dir={tiny_text}", "--preset=test",
+                 f"--cache={tmp_path / 'cache'}", f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["unigram", "bigram"]
+    assert records[1]["test_ppl"] < records[0]["test_ppl"] and records[0]["git_commit"]
+    assert "| text | bigram |" in (out / "summary.md").read_text()

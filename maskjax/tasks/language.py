@@ -92,3 +92,37 @@ def perplexity(nll_sum: float, tokens: float) -> float:
 def bits_per_byte(nll_sum: float, n_bytes: int) -> float:
     """Total negative log-likelihood in bits over the split's UTF-8 bytes: no tokenizer can move it."""
     return nll_sum / math.log(2) / n_bytes
+
+
+def unigram_logprobs(train: np.ndarray, vocab: int) -> np.ndarray:
+    """log p(token) with add-one smoothing, [vocab]."""
+    counts = np.bincount(train, minlength=vocab).astype(np.float64) + 1.0
+    return np.log(counts / counts.sum())
+
+
+def bigram_nll(train: np.ndarray, stream: np.ndarray, vocab: int, weight: float) -> float:
+    """Summed negative log-likelihood of every token of `stream` after the first under a bigram model of
+    `train` interpolated with its unigram: p(b | a) = weight * c(a, b) / c(a) + (1 - weight) * p(b)."""
+    unigram = np.exp(unigram_logprobs(train, vocab))
+    pairs, counts = np.unique(train[:-1].astype(np.int64) * vocab + train[1:], return_counts=True)
+    context_counts = np.bincount(train[:-1], minlength=vocab).astype(np.float64)
+    keys = stream[:-1].astype(np.int64) * vocab + stream[1:]
+    at = np.clip(np.searchsorted(pairs, keys), 0, len(pairs) - 1)
+    pair_counts = np.where(pairs[at] == keys, counts[at], 0).astype(np.float64)
+    context = context_counts[stream[:-1]]
+    conditional = np.divide(pair_counts, context, out=np.zeros_like(pair_counts), where=context > 0)
+    mixed = np.where(context > 0, weight * conditional + (1 - weight) * unigram[stream[1:]], unigram[stream[1:]])
+    return float(-np.log(mixed).sum())
+
+
+def ngram_references(train: np.ndarray, validation: np.ndarray, test: np.ndarray, vocab: int) -> dict[str, float]:
+    """The floors a language model should clear, as summed test NLL: add-one unigram, and the bigram
+    interpolated with it at the weight (0.05 .. 0.95) that fits the validation stream best."""
+    unigram = unigram_logprobs(train, vocab)
+    weights = np.round(np.arange(0.05, 1.0, 0.05), 2)
+    best = min(weights, key=lambda w: bigram_nll(train, validation, vocab, float(w)))
+    return {
+        "unigram": float(-unigram[test[1:]].sum()),
+        "bigram": bigram_nll(train, test, vocab, float(best)),
+        "bigram_weight": float(best),
+    }
