@@ -148,7 +148,7 @@ def write_outputs(out: Path, records: list[dict]) -> str:
     table = report.summary_table(records, KEYS, GROUPS)
     parts = [
         table,
-        report.paired_table(records, "test_ppl", "mask", ("corpus",)),
+        report.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True),
         report.per_seed_table(records, "test_ppl", GROUPS),
         report.per_seed_table(records, "test_bpb", GROUPS),
     ]

@@ -191,9 +191,12 @@ def sign_test_p(differences: Sequence[float]) -> float:
     return float(stats.binomtest(plus, plus + minus).pvalue) if plus + minus else 1.0
 
 
-def paired_table(records: Sequence[dict], key: str, reference: str, group_by: Sequence[str]) -> str:
+def paired_table(
+    records: Sequence[dict], key: str, reference: str, group_by: Sequence[str], lower_is_better: bool = False
+) -> str:
     """`reference` against every other method, seed by seed, within each group (group_by without
-    "method"): the mean difference in key, wins / losses / ties and the two-sided sign test."""
+    "method"): the mean difference in key, wins / losses / ties (a win: higher, or lower with
+    lower_is_better, as for perplexity) and the two-sided sign test."""
     keyed: dict[tuple, dict[str, dict[int, float]]] = {}
     for r in records:
         if r.get(key) is None or "seed" not in r:
@@ -202,8 +205,9 @@ def paired_table(records: Sequence[dict], key: str, reference: str, group_by: Se
         keyed.setdefault(group, {}).setdefault(r["method"], {})[r["seed"]] = r[key]
     scale = 100 if is_accuracy(key) else 1
     header = [*group_by, "method", f"{reference} - method (mean)", "wins / losses / ties", "sign test p"]
+    direction = ", lower is better" if lower_is_better else ""
     lines = [
-        f"{reference} against each method, paired by seed ({key}{' in points' if scale == 100 else ''}):",
+        f"{reference} against each method, paired by seed ({key}{' in points' if scale == 100 else ''}{direction}):",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -216,6 +220,8 @@ def paired_table(records: Sequence[dict], key: str, reference: str, group_by: Se
                 continue
             diffs = [ours[s] - theirs[s] for s in seeds]
             wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+            if lower_is_better:
+                wins, losses = losses, wins
             lines.append(
                 "| "
                 + " | ".join(

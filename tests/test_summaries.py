@@ -94,3 +94,15 @@ def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(cli, tmp_
     assert "| majority3 | cls_all | adam | - | mask_random | 4 | 4/4 | 0.125 |" in result.stdout
     twice = cli("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "cls_all"))
     assert twice.returncode == 2 and "twice" in twice.stderr and "Traceback" not in twice.stderr
+
+
+def test_paired_table_counts_wins_in_the_direction_that_is_better():
+    from maskjax import report
+
+    records = [{"corpus": "c", "method": m, "seed": s, "test_ppl": v}
+               for m, values in {"mask": [10.0, 12.0, 9.0], "vanilla": [11.0, 13.0, 8.0]}.items()
+               for s, v in enumerate(values)]
+    higher = report.paired_table(records, "test_ppl", "mask", ("corpus",))
+    lower = report.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True)
+    assert "| c | vanilla | -0.333 | 1 / 2 / 0 | 1 |" in higher
+    assert "| c | vanilla | -0.333 | 2 / 1 / 0 | 1 |" in lower and "lower is better" in lower
