@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
 
     specs = [batch(method) for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
+    for spec in specs:  # also redraws a resumed folder's plots with this code, when no batch was left to train
+        plot(spec, records)
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0
@@ -162,16 +164,23 @@ def plot_curves(records: list[dict], path: Path) -> None:
     report.plot_drift(as_layers, path, CURVE_KEYS, per_layer=False)
 
 
+BIAS_FLOOR = -15.0  # below this an entry is closed for any q.k logit of a small model; the plot clips there
+
+
 def plot_bias(maps: dict[str, np.ndarray], scale: float, method: str, path: Path) -> None:
     """The paper's Figure 8: per layer, the bias log_sigmoid(s * m) against distance for every head, at init
-    (dashed) and after training (solid), seed 0."""
+    (dashed) and after training (solid), seed 0; the y axis stops at BIAS_FLOOR so the open reach shows."""
     init, final = (np.asarray(maps[k], np.float64) for k in ("mask_init", "mask_final"))
-    fig, axes = report.figure(1, len(final), 3.6, 3.0)
+    columns = min(len(final), report.PANELS_PER_ROW)
+    fig, axes = report.figure(-(-len(final) // columns), columns, 3.6, 3.0)
+    for ax in axes.flat[len(final) :]:
+        ax.axis("off")
     distance = np.arange(final.shape[-1])
-    for layer, ax in enumerate(axes[0]):
+    for layer, ax in zip(range(len(final)), axes.flat, strict=False):
         for head in range(final.shape[1]):
             (line,) = ax.plot(distance, -np.logaddexp(0.0, -scale * final[layer, head]), label=f"head {head}")
             ax.plot(distance, -np.logaddexp(0.0, -scale * init[layer, head]), "--", color=line.get_color(), alpha=0.6)
+        ax.set_ylim(BIAS_FLOOR, 0.5)
         ax.set_title(f"{method}: layer {layer}" if len(final) > 1 else f"{method}: all layers", fontsize=9)
         ax.set_xlabel("distance i - j")
         ax.set_ylabel("log_sigmoid(s m)")
