@@ -144,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
 
     specs = [batch(fraction, method) for fraction in args.train_fraction for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
+    for spec in specs:  # also redraws a resumed folder's plots with this code, when no batch was left to train
+        if spec.done_in(records):
+            plot(spec, records)
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0
