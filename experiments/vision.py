@@ -136,10 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         done = [r for r in records if r["train_fraction"] == fraction]
         plot_curves(done, out / f"curves_{name}.png")
         report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
-        ours = {m: report.read_maps(maps_path(fraction, m)) for m in dict.fromkeys(r["method"] for r in done)}
+        methods = dict.fromkeys(r["method"] for r in done)
+        # A folder written before maps were kept has none for its older batches; those are left out.
+        ours = {m: report.read_maps(maps_path(fraction, m)) for m in methods if maps_path(fraction, m).exists()}
         plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
         method = spec.fields["method"]
-        if "mask_final" in ours[method]:
+        if "mask_final" in ours.get(method, {}):
             plot_masks(task, ours[method], out / f"mask_{name}_{method}.png")
 
     specs = [batch(fraction, method) for fraction in args.train_fraction for method in methods]
