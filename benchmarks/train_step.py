@@ -43,7 +43,7 @@ def int_list(text: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(prog="python -m benchmarks.train_step", description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="quick", help="paper, quick or test (default quick)")
+    p.add_argument("--preset", default="quick", help="a Boolean preset, e.g. paper, w64d4, quick (default quick)")
     p.add_argument("--seeds", type=int_list, default=[1, 2, 4, 8], help="batch sizes in runs (default 1,2,4,8)")
     p.add_argument("--method", default="vanilla", help="method whose step is timed (default vanilla)")
     p.add_argument("--steps", type=positive_int, help="steps per timed chunk (default: 50 quick, 3 paper)")

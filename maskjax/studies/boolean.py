@@ -83,6 +83,13 @@ PROBE_SEED = 0
 PAPER_SCHEDULES = {"2parity": (1e-5, 20), "cyclic3": (2e-5, 80), "majority3": (1e-5, 30), "threesym": (2e-5, 40)}
 # Our held-out tasks, not in the paper, borrow the schedule of the paper task they resemble.
 SCHEDULES = PAPER_SCHEDULES | {"majority5": PAPER_SCHEDULES["majority3"], "pairsum": PAPER_SCHEDULES["2parity"]}
+PAPER_WIDTH = 256
+
+
+def _rung(name: str, model: ModelConfig) -> BooleanConfig:
+    scale = PAPER_WIDTH / model.dim
+    return BooleanConfig(name, model, {task: (scale * lr, epochs) for task, (lr, epochs) in SCHEDULES.items()})
+
 
 PRESETS: dict[str, BooleanConfig] = {
     "paper": BooleanConfig("paper", ModelConfig(256, 12, 6, 64, 256), SCHEDULES),
@@ -93,6 +100,11 @@ PRESETS: dict[str, BooleanConfig] = {
         ModelConfig(dim=32, depth=2, heads=2, head_dim=16, mlp_dim=32),
         {name: (8 * lr, epochs // 2) for name, (lr, epochs) in SCHEDULES.items()},
     ),
+    # The scale ladder of issue 16 (docs/design.md, Presets): width and depth together, Adam's learning
+    # rate x paper_width / width as in quick, the paper's epochs. `medium` is chosen among these by
+    # the vanilla-only rule written there.
+    "w64d4": _rung("w64d4", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=64)),
+    "w128d6": _rung("w128d6", ModelConfig(dim=128, depth=6, heads=4, head_dim=32, mlp_dim=128)),
     "test": BooleanConfig(
         "test",
         ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
