@@ -94,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         fields = {"op": task.op, "train_fraction": fraction, "method": method.name}
         return BatchSpec(f"{task.op}_{fraction:g}_{method.name}", fields, len(seeds), train)
 
-    def plot(spec: BatchSpec, _: list[dict]) -> None:
-        task = next(t for t in tasks if t.op == spec.fields["op"])
-        plot_mask(out / f"mask_{task.op}.png", task, config)
+    def plot(records: list[dict]) -> None:
+        for task in tasks:
+            if any(r["op"] == task.op for r in records):
+                plot_mask(out / f"mask_{task.op}.png", task, config)
+        report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
 
     specs = [batch(t, f, m) for t in tasks for f in args.train_fractions for m in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
-    report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, seq_acc.png, mask_*.png)", file=sys.stderr)
     return 0

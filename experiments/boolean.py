@@ -157,18 +157,22 @@ def main(argv: list[str] | None = None) -> int:
 
         return BatchSpec(f"{task.name}_{method.name}", {"task": task.name, "method": method.name}, len(seeds), train)
 
-    def plot(spec: BatchSpec, records: list[dict]) -> None:
-        task = next(t for t in tasks if t.name == spec.fields["task"])
-        trained = dict.fromkeys(r["method"] for r in records if r.get("task") == task.name)
-        maps = {m: report.read_maps(out / "maps" / f"{task.name}_{m}.npz") for m in trained}
-        plot_task(out, task, config, maps)
-        plot_probes(out, task.name, [r for r in records if r.get("task") == task.name])
+    def plot(records: list[dict]) -> None:
+        for task in tasks:
+            task_records = [r for r in records if r.get("task") == task.name]
+            if not task_records:
+                continue
+            trained = dict.fromkeys(r["method"] for r in task_records)
+            maps = {m: report.read_maps(out / "maps" / f"{task.name}_{m}.npz") for m in trained}
+            plot_task(out, task, config, maps)
+            plot_probes(out, task.name, task_records)
+        done = {r["task"] for r in records}
+        report.plot_accuracy([r for r in reference if r["task"] in done] + records, out / "accuracy.png")
 
     specs = [batch(task, method) for task in tasks for method in methods]
     records = run_sweep(
         out, resolved, specs, lambda o, r: write_outputs(o, r, reference), run_control(args), progress, plot
     )
-    report.plot_accuracy(reference + records, out / "accuracy.png")
     print(write_outputs(out, records, reference), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0

@@ -129,18 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         fields = {"corpus": data.corpus, "method": method.name}
         return BatchSpec(f"{data.corpus}_{method.name}", fields, len(args.seeds), train)
 
-    def plot(spec: BatchSpec, records: list[dict]) -> None:
+    def plot(records: list[dict]) -> None:
         plot_curves(records, out / "curves.png")
         report.plot_drift(records, out / "persistence.png", PERSISTENCE_KEYS)
-        method = spec.fields["method"]
-        if maps_path(method).exists():
-            plot_bias(report.read_maps(maps_path(method)), config.scale, method, out / f"bias_{method}.png")
+        for method in dict.fromkeys(r["method"] for r in records):
+            if maps_path(method).exists():
+                plot_bias(report.read_maps(maps_path(method)), config.scale, method, out / f"bias_{method}.png")
 
     specs = [batch(method) for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
-    for spec in specs:  # also redraws a resumed folder's plots with this code, when no batch was left to train
-        if spec.done_in(records):
-            plot(spec, records)
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0

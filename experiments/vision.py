@@ -130,25 +130,22 @@ def main(argv: list[str] | None = None) -> int:
         fields = {"dataset": data.name, "train_fraction": fraction, "method": method.name}
         return BatchSpec(f"{data.name}_{fraction:g}_{method.name}", fields, len(seeds), train)
 
-    def plot(spec: BatchSpec, records: list[dict]) -> None:
-        fraction = spec.fields["train_fraction"]
-        name = f"{data.name}_{fraction:g}"
-        done = [r for r in records if r["train_fraction"] == fraction]
-        plot_curves(done, out / f"curves_{name}.png")
-        report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
-        methods = dict.fromkeys(r["method"] for r in done)
-        # A folder written before maps were kept has none for its older batches; those are left out.
-        ours = {m: report.read_maps(maps_path(fraction, m)) for m in methods if maps_path(fraction, m).exists()}
-        plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
-        method = spec.fields["method"]
-        if "mask_final" in ours.get(method, {}):
-            plot_masks(task, ours[method], out / f"mask_{name}_{method}.png")
+    def plot(records: list[dict]) -> None:
+        for fraction in dict.fromkeys(r["train_fraction"] for r in records):
+            name = f"{data.name}_{fraction:g}"
+            done = [r for r in records if r["train_fraction"] == fraction]
+            plot_curves(done, out / f"curves_{name}.png")
+            report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
+            methods = dict.fromkeys(r["method"] for r in done)
+            # A folder written before maps were kept has none for its older batches; those are left out.
+            ours = {m: report.read_maps(maps_path(fraction, m)) for m in methods if maps_path(fraction, m).exists()}
+            plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
+            for method, maps in ours.items():
+                if "mask_final" in maps:
+                    plot_masks(task, maps, out / f"mask_{name}_{method}.png")
 
     specs = [batch(fraction, method) for fraction in args.train_fraction for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
-    for spec in specs:  # also redraws a resumed folder's plots with this code, when no batch was left to train
-        if spec.done_in(records):
-            plot(spec, records)
     print(write_outputs(out, records), end="")
     print(f"results in {out}/ (results.jsonl, summary.md, config.json, *.png)", file=sys.stderr)
     return 0

@@ -293,10 +293,11 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
             values = [
                 100 * r[key] for r in records if r["task"] == task and r["method"] == method and r[key] is not None
             ]
+            if not values:  # not trained yet on this task, or every seed diverged
+                continue
             jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
             ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7)
-            if values:
-                ax.hlines(np.mean(values), i - 0.3, i + 0.3, color="k")
+            ax.hlines(np.mean(values), i - 0.3, i + 0.3, color="k")
         for r in records:
             if r["task"] == task and r["method"] == reference:
                 ax.axhline(100 * r[key], ls="--", color="gray", label=reference)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -227,6 +228,9 @@ def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunContr
     return SweepCheckpoints(directory, fingerprint, control.checkpoint_every)
 
 
+PLOT_EVERY_SECONDS = 60.0
+
+
 def run_sweep(
     out: Path,
     config: dict,
@@ -234,12 +238,18 @@ def run_sweep(
     write: Callable[[Path, list[dict]], Any],
     control: RunControl,
     log: Log,
-    on_batch: Callable[[BatchSpec, list[dict]], None] | None = None,
+    plot: Callable[[list[dict]], None] | None = None,
+    plot_every: float = PLOT_EVERY_SECONDS,
 ) -> list[dict]:
     """Train every batch not yet in out/results.jsonl, in order; after each, append its records (with the
-    sweep's metadata), call write(out, records) and then on_batch(spec, records) with every record so
-    far (for plots). Returns all records."""
+    sweep's metadata) and call write(out, records). Returns all records.
+
+    plot(records) draws every figure from the records so far: after a batch when the last drawing is at
+    least plot_every seconds old (so a long sweep's figures stay current while short batches do not
+    spend their time drawing), and once at the end, which also redraws a resumed folder with this code.
+    """
     records, meta = open_sweep(out, config, control)
+    last_plot = time.monotonic()
     for k, spec in enumerate(batches, 1):
         if spec.done_in(records):
             log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
@@ -250,7 +260,10 @@ def run_sweep(
         records += [{**r, **meta} for r in batch]
         write(out, records)
         shutil.rmtree(checkpoints.directory, ignore_errors=True)
-        if on_batch is not None:
-            on_batch(spec, records)
+        if plot is not None and time.monotonic() - last_plot >= plot_every:
+            plot(records)
+            last_plot = time.monotonic()
+    if plot is not None and records:
+        plot(records)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return records

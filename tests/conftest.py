@@ -1,4 +1,5 @@
 import atexit
+import importlib
 import os
 import shutil
 import subprocess
@@ -18,9 +19,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
-def run_cli(module: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run `python -m module args` from the repository root, as a user would."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def run_cli(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m module args` from the repository root, as a user would; env adds variables."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -29,3 +30,22 @@ def run_cli(module: str, *args: str, timeout: int = 600) -> subprocess.Completed
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture
+def main(capsys):
+    """Run a CLI's main in this process as `python -m module args` would, returning the same
+    CompletedProcess fields: for input the CLI must refuse, where a subprocess would spend its
+    seconds importing JAX. Each CLI also keeps a subprocess test of its real exit path."""
+    from experiments.cli import run_main
+
+    def run(module: str, *args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            code = run_main(importlib.import_module(module).main, list(args))
+        except SystemExit as e:  # --help, and argparse in the CLIs that do not raise UserError
+            code = e.code
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess([module, *args], code, captured.out, captured.err)
+
+    return run

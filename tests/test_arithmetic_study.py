@@ -80,8 +80,8 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
         (["--seeds=0"], "--seeds"),
     ],
 )
-def test_arithmetic_bad_input_gives_one_clear_line(cli, tmp_path, args, message):
-    result = cli("experiments.arithmetic", "--preset=test", f"--out={tmp_path / 'o'}", *args)
+def test_arithmetic_bad_input_gives_one_clear_line(main, tmp_path, args, message):
+    result = main("experiments.arithmetic", "--preset=test", f"--out={tmp_path / 'o'}", *args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (
         result.stderr

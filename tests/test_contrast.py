@@ -41,7 +41,7 @@ def test_contrast_cli_trains_the_grid_as_one_batch(cli, tmp_path):
     "args, message",
     [(["--open=abc"], "--open"), (["--method=vanilla"], "oracle mask"), (["--task=nope"], "unknown task")],
 )
-def test_contrast_bad_input(cli, tmp_path, args, message):
-    result = cli("experiments.contrast", "--preset=test", f"--out={tmp_path / 'o'}", *args)
+def test_contrast_bad_input(main, tmp_path, args, message):
+    result = main("experiments.contrast", "--preset=test", f"--out={tmp_path / 'o'}", *args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr

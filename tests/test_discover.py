@@ -126,7 +126,7 @@ def test_discover_cli_end_to_end(cli, tmp_path):
 @pytest.mark.parametrize(
     "args, message", [(["--fractions=0"], "(0, 1]"), (["--tasks=nope"], "unknown task"), (["--seeds=0"], "--seeds")]
 )
-def test_discover_cli_bad_input(cli, tmp_path, args, message):
-    result = cli("experiments.discover", f"--out={tmp_path / 'o'}", *args)
+def test_discover_cli_bad_input(main, tmp_path, args, message):
+    result = main("experiments.discover", f"--out={tmp_path / 'o'}", *args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and message in lines[0], result.stderr

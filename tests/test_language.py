@@ -183,19 +183,19 @@ def test_cli_writes_every_output(cli, tmp_path, tiny_text):
         (["--data-dir=/nonexistent/stories.txt"], "/nonexistent/stories.txt"),
     ],
 )
-def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, message):
-    result = cli("experiments.language", "--corpus=text", "--preset=test", f"--out={tmp_path / 'o'}", *args)
+def test_cli_bad_input_is_one_line_and_exit_2(main, tmp_path, args, message):
+    result = main("experiments.language", "--corpus=text", "--preset=test", f"--out={tmp_path / 'o'}", *args)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert message in lines[-1] and lines[-1].startswith("error:") and "Traceback" not in result.stderr
     assert [line for line in lines if line.startswith("error")] == lines[-1:]
 
 
-def test_an_empty_text_file_is_refused(cli, tmp_path):
+def test_an_empty_text_file_is_refused(main, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
-    result = cli("experiments.language", "--corpus=text", f"--data-dir={empty}", "--preset=test",
-                 f"--out={tmp_path / 'o'}")
+    result = main("experiments.language", "--corpus=text", f"--data-dir={empty}", "--preset=test",
+                  f"--out={tmp_path / 'o'}")
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 

@@ -26,3 +26,15 @@ def test_maps_round_trip_in_float16(tmp_path):
     back = report.read_maps(tmp_path / "m" / "a.npz")
     assert back.keys() == maps.keys() and back["final"].shape == (2, 3, 3)
     np.testing.assert_allclose(back["init"], np.eye(3))
+
+
+def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_path):
+    # Mid-sweep: 2parity has both methods, threesym only vanilla so far.
+    records = [
+        {"task": "2parity", "method": "mdi", "acc_all": 0.75},
+        {"task": "threesym", "method": "mdi", "acc_all": 0.625},
+        *[{"task": "2parity", "method": m, "seed": s, "acc_all": 0.75} for m in ("vanilla", "mask") for s in (0, 1)],
+        {"task": "threesym", "method": "vanilla", "seed": 0, "acc_all": 0.5},
+    ]
+    report.plot_accuracy(records, tmp_path / "accuracy.png")
+    assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"

@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import ROOT
+import pytest
+from conftest import ROOT, run_cli
 
 ARGS = [
     "--preset=test",
@@ -18,11 +19,24 @@ ARGS = [
 VOLATILE = {"batch_seconds", "git_commit", "devices"}
 
 
-def records(out):
+def records(out, method=None):
+    """The records of out without the fields that differ between identical runs, by method and seed;
+    with `method`, that method's only and without the sweep's config (which names the methods run)."""
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    if method is not None:
+        rows = [{k: v for k, v in r.items() if k != "config"} for r in rows if r["method"] == method]
     return sorted(
         ({k: v for k, v in r.items() if k not in VOLATILE} for r in rows), key=lambda r: (r["method"], r["seed"])
     )
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """The uninterrupted run that every interrupted Boolean run here is compared with."""
+    out = tmp_path_factory.mktemp("resume") / "whole"
+    result = run_cli("experiments.boolean", *ARGS, f"--out={out}")
+    assert result.returncode == 0, result.stderr
+    return out
 
 
 def start(out, *extra, module="experiments.boolean", args=ARGS):
@@ -42,9 +56,8 @@ def kill_after(process, line_part):
     raise AssertionError("never saw " + repr(line_part) + ":\n" + "".join(seen))
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert cli("experiments.boolean", *ARGS, f"--out={whole}").returncode == 0
+def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path, whole):
+    killed = tmp_path / "killed"
     kill_after(start(killed), "mask checkpoint saved at step 30")
     assert (killed / "results.jsonl").exists()  # the finished vanilla batch was kept
     resumed = cli("experiments.boolean", *ARGS, f"--out={killed}", "--resume")
@@ -56,9 +69,8 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
     assert sorted(p.name for p in (killed / "maps").iterdir()) == ["2parity_mask.npz", "2parity_vanilla.npz"]
 
 
-def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    assert cli("experiments.boolean", *ARGS, "--methods=mask", f"--out={whole}").returncode == 0
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path, whole):
+    killed = tmp_path / "killed"
     kill_after(start(killed, "--methods=mask"), "checkpoint saved at step 30")
     newest = killed / "checkpoints" / "2parity_mask" / "30"
     for path in newest.rglob("*"):
@@ -68,7 +80,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "checkpoint at step 30 is unreadable" in resumed.stderr
     assert "resumed at step 20/40" in resumed.stderr
-    assert records(killed) == records(whole)
+    assert records(killed, "mask") == records(whole, "mask")
 
 
 def test_contrast_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
@@ -93,25 +105,24 @@ def one_error_line(result, part):
     )
 
 
-def test_out_folder_rules(cli, tmp_path):
+def test_out_folder_rules(cli, main, tmp_path):
     out = tmp_path / "out"
     one_error_line(
-        cli("experiments.boolean", "--preset=test", "--seeds=1", f"--out={out}", "--resume"), "nothing to resume"
+        main("experiments.boolean", "--preset=test", "--seeds=1", f"--out={out}", "--resume"), "nothing to resume"
     )
     assert cli("experiments.boolean", "--preset=test", "--seeds=1", "--methods=vanilla", f"--out={out}").returncode == 0
     before = (out / "results.jsonl").read_text()
     other = ["--preset=test", "--seeds=2", "--methods=vanilla", f"--out={out}"]
-    one_error_line(cli("experiments.boolean", *other), "different config")
-    one_error_line(cli("experiments.boolean", *other, "--resume"), "different config")
+    one_error_line(main("experiments.boolean", *other), "different config")
+    one_error_line(main("experiments.boolean", *other, "--resume"), "different config")
     assert (out / "results.jsonl").read_text() == before
     assert cli("experiments.boolean", *other, "--overwrite").returncode == 0
     assert len((out / "results.jsonl").read_text().splitlines()) == 2
 
 
-def test_killed_on_one_device_resumed_on_eight_gives_the_same_floats(cli, tmp_path):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
+def test_killed_on_one_device_resumed_on_eight_gives_the_same_floats(tmp_path, whole):
+    killed = tmp_path / "killed"
     args = [*ARGS[:3], "--methods=mask", *ARGS[4:]]
-    assert cli("experiments.boolean", *args, f"--out={whole}").returncode == 0
     kill_after(start(killed, args=args), "checkpoint saved at step 20")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     resumed = subprocess.run(
@@ -123,7 +134,7 @@ def test_killed_on_one_device_resumed_on_eight_gives_the_same_floats(cli, tmp_pa
     assert "unreadable" not in resumed.stderr
     # The checkpointed part of the history comes back bit for bit; what the 8 devices compute after it
     # agrees with one device to float32 rounding, as any 8-device run does (test_cli_boolean).
-    for a, b in zip(records(whole), records(killed), strict=True):
+    for a, b in zip(records(whole, "mask"), records(killed, "mask"), strict=True):
         assert b.keys() == a.keys() and b["acc_all"] == a["acc_all"] and b["acc_unseen"] == a["acc_unseen"]
         assert b["attention_drift"][:5] == a["attention_drift"][:5]
         for key in ("mse", "train_loss", "attention_drift", "pattern_drift"):

@@ -197,9 +197,9 @@ def test_impulse_targets_are_shifted_identities():
         (["--open=nan"], "finite"),
     ],
 )
-def test_cli_bad_input_exits_2_in_one_line(cli, tmp_path, tiny_fashion, flags, message):
+def test_cli_bad_input_exits_2_in_one_line(main, tmp_path, tiny_fashion, flags, message):
     args = [f"--data-dir={tiny_fashion}", "--preset=test", f"--out={tmp_path / 'out'}", *flags]
-    result = cli("experiments.vision", *args)
+    result = main("experiments.vision", *args)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
 

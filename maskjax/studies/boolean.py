@@ -405,6 +405,39 @@ def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int],
     return [on_maps.error(m, target) for m in on_maps.attention(initial)[: len(seeds)]]
 
 
+def train_flops(model: ModelConfig, n_tokens: int, batch_size: int) -> float:
+    """Matmul FLOPs of one training step of one run, 3x the forward's (the backward costs two forwards):
+    the scale axis of docs/results/boolean_scale.md. LayerNorm, softmax, GELU and the optimizer are left
+    out: against XLA's count of the whole step it is 88% at quick, 94% at w64d4, 97% at w128d6 and 99% at
+    the paper's size (docs/benchmarks/train_step_*_cpu2.txt)."""
+    inner = model.heads * model.head_dim
+    dense = n_tokens * (3 * model.dim * inner + inner * model.dim + 2 * model.dim * model.mlp_dim)
+    attention = 2 * n_tokens**2 * inner
+    forward = 2 * (model.depth * (dense + attention) + model.dim)
+    return 3.0 * batch_size * forward
+
+
+# The vanilla rule that picks the medium preset (docs/design.md, Presets): train loss under FIT_LOSS and
+# acc_all within MDI_BAND of the MDI's, in at least 3 of 4 seeds.
+FIT_LOSS = 1e-3
+MDI_BAND = 0.01
+
+
+def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
+    """How many of a task's vanilla runs fit the seen data, land on the MDI, and both; passes when both
+    hold in at least three quarters of them."""
+    fit = [r["train_loss"] < FIT_LOSS for r in records]
+    at_mdi = [abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
+    both = sum(f and a for f, a in zip(fit, at_mdi, strict=True))
+    return {
+        "seeds": len(records),
+        "fit": sum(fit),
+        "at_mdi": sum(at_mdi),
+        "both": both,
+        "passes": 4 * both >= 3 * len(records) > 0,
+    }
+
+
 def mdi_record(task: BooleanTask) -> dict:
     points, values = minimum_degree_interpolator(task)
     unseen = ~np.asarray(task.seen(points), bool)

@@ -1,0 +1,201 @@
+"""The Boolean study across model sizes: python -m experiments.scale DIR [DIR ...] --out=FOLDER
+
+Reads Boolean results folders of any presets (quick, the ladder's rungs w64d4 and w128d6, medium,
+paper) and writes FOLDER/summary.md: the cost of a run per preset and task (training FLOPs and the
+seconds the runs took), the vanilla rule that picks the medium preset per (preset, task), and per
+(preset, task, method) acc_all, acc_unseen, the unseen mean prediction beside the MDI's and the
+target's, the end loss and the seeds above the MDI with Fisher's exact test against vanilla; and
+FOLDER/scale.png: acc_all and the unseen mean prediction against training FLOPs per run, one panel
+per task. The same (preset, task, method, row policy, seed) in two folders is refused.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from experiments.boolean import KEYS
+from experiments.cli import Parser, UserError, run_main
+from maskjax import report
+from maskjax.models.layers import ModelConfig
+from maskjax.studies import boolean as study
+from maskjax.tasks.boolean import cube, get_task
+
+GROUP = ("preset", "task", "method")
+
+
+def parse_args(argv: list[str] | None):
+    p = Parser(prog="python -m experiments.scale", description=__doc__.splitlines()[0])
+    p.add_argument("dirs", type=Path, nargs="+", help="Boolean results folders holding results.jsonl")
+    p.add_argument("--out", type=Path, required=True, help="folder for summary.md and scale.png")
+    p.add_argument("--methods", default=None, help="comma list of methods to keep (default: all)")
+    return p.parse_args(argv)
+
+
+def with_scale(record: dict) -> dict:
+    """The record with its preset, row policy and training FLOPs per run lifted to the top level."""
+    config = record["config"]
+    task = get_task(record["task"])
+    flops = study.train_flops(ModelConfig(**config["model"]), task.n_bits + 1, config["batch_size"])
+    return {
+        **record,
+        "preset": config["preset"],
+        "row_policy": config["row_policy"],
+        "train_flops": flops * record["steps"],
+        "run_seconds": record["batch_seconds"] / record["runs_in_batch"],
+    }
+
+
+def read_folders(dirs: list[Path], methods: set[str] | None) -> tuple[list[dict], list[str]]:
+    records, sources = [], []
+    for folder in dirs:
+        path = folder / "results.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path} does not exist")
+        found = [with_scale(r) for r in report.read_jsonl(path) if methods is None or r["method"] in methods]
+        commits = sorted({r.get("git_commit", "?")[:7] for r in found})
+        sources.append(f"- `{folder}`: {len(found)} records, commit {', '.join(commits)}")
+        records += found
+    keys = [(*(r[k] for k in GROUP), r["row_policy"], r["seed"]) for r in records]
+    if len(set(keys)) != len(keys):
+        raise UserError("the same preset, task, method, row policy and seed appear twice in these folders")
+    if not records:
+        raise UserError("no records in these folders")
+    return records, sources
+
+
+def unseen_target_mean(task_name: str) -> float:
+    task = get_task(task_name)
+    points = cube(task.n_bits)
+    return float(np.mean(np.asarray(task.target(points))[~np.asarray(task.seen(points), bool)]))
+
+
+def by_compute(records: list[dict]) -> list[tuple[str, str]]:
+    """(preset, task) pairs ordered by task, then by training FLOPs."""
+    pairs = {(r["preset"], r["task"]): r["train_flops"] for r in records}
+    return sorted(pairs, key=lambda pair: (pair[1], pairs[pair]))
+
+
+def cost_table(records: list[dict]) -> str:
+    lines = [
+        "| preset | task | model (dim x depth) | steps | GFLOP per run | seconds per run (measured) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for preset, task in by_compute(records):
+        rows = [r for r in records if r["preset"] == preset and r["task"] == task]
+        model = rows[0]["config"]["model"]
+        seconds = [r["run_seconds"] for r in rows]
+        lines.append(
+            f"| {preset} | {task} | {model['dim']} x {model['depth']} | {rows[0]['steps']} "
+            f"| {rows[0]['train_flops'] / 1e9:.4g} | {np.median(seconds):.0f} (median of {len(seconds)}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def rule_table(records: list[dict], mdi: dict[str, float]) -> str:
+    lines = [
+        f"| preset | task | MDI acc_all | seeds | train loss < {study.FIT_LOSS:g} "
+        f"| at the MDI (+-{100 * study.MDI_BAND:g} pt) | both | rule |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for preset, task in by_compute(records):
+        rows = [r for r in records if r["preset"] == preset and r["task"] == task and r["method"] == "vanilla"]
+        if not rows:
+            continue
+        v = study.vanilla_rule(rows, mdi[task])
+        n = v["seeds"]
+        lines.append(
+            f"| {preset} | {task} | {100 * mdi[task]:.2f} | {n} | {v['fit']}/{n} | {v['at_mdi']}/{n} | {v['both']}/{n} "
+            f"| {'passes' if v['passes'] else 'fails'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def unseen_table(records: list[dict], reference: list[dict]) -> str:
+    mdi_unseen = {r["task"]: r["unseen_mean_prediction"] for r in reference}
+    lines = [
+        "| preset | task | method | seeds | unseen mean prediction | MDI's | target's |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    groups = dict.fromkeys(tuple(r[k] for k in GROUP) for r in records)
+    for preset, task, method in sorted(groups, key=lambda g: (g[1], g[0], g[2])):
+        values = [
+            r["unseen_mean_prediction"]
+            for r in records
+            if (r["preset"], r["task"], r["method"]) == (preset, task, method) and "unseen_mean_prediction" in r
+        ]
+        lines.append(
+            f"| {preset} | {task} | {method} | {len(values)} | {report.mean_std(values) if values else '-'} "
+            f"| {mdi_unseen[task]:.4g} | {unseen_target_mean(task):.4g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_scale(records: list[dict], reference: list[dict], path: Path) -> None:
+    """Per task, acc_all (top) and the unseen mean prediction (bottom) against training FLOPs per run:
+    the mean over seeds per method, every seed a dot; the MDI dashed, the target's unseen mean dotted."""
+    tasks = list(dict.fromkeys(r["task"] for r in sorted(records, key=lambda r: r["task"])))
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    mdi = {r["task"]: r for r in reference}
+    fig, axes = report.figure(2, len(tasks), 3.6, 3.0)
+    for column, task in enumerate(tasks):
+        for row, key in enumerate(("acc_all", "unseen_mean_prediction")):
+            ax = axes[row][column]
+            scale = 100.0 if key == "acc_all" else 1.0
+            for method in methods:
+                rows = [r for r in records if r["task"] == task and r["method"] == method and key in r]
+                xs = sorted({r["train_flops"] for r in rows})
+                if not xs:
+                    continue
+                means = [scale * np.mean([r[key] for r in rows if r["train_flops"] == x]) for x in xs]
+                (line,) = ax.plot(xs, means, marker="o", label=method)
+                ax.scatter(
+                    [r["train_flops"] for r in rows],
+                    [scale * r[key] for r in rows],
+                    s=8,
+                    alpha=0.4,
+                    color=line.get_color(),
+                )
+            ax.axhline(scale * mdi[task][key], ls="--", color="gray", label="MDI")
+            if key == "unseen_mean_prediction":
+                ax.axhline(unseen_target_mean(task), ls=":", color="k", label="target")
+            ax.set_xscale("log")
+            ax.set_xlabel("training FLOPs per run")
+            ax.set_ylabel("acc_all (%)" if key == "acc_all" else "unseen mean prediction")
+            ax.set_title(task)
+    axes[1][0].legend(fontsize=7)
+    fig.tight_layout()
+    report.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = report.ensure_writable_dir(args.out)
+    methods = set(args.methods.split(",")) if args.methods else None
+    records, sources = read_folders(args.dirs, methods)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    records.sort(key=lambda r: (r["task"], r["train_flops"], order[r["method"]], r["seed"]))
+    reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
+    mdi = {r["task"]: r["acc_all"] for r in reference}
+    body = "\n".join(
+        [
+            "## Cost of a run\n\n" + cost_table(records),
+            "## The vanilla rule (docs/design.md, Presets)\n\n" + rule_table(records, mdi),
+            "## Every (preset, task, method)\n\n" + report.summary_table(reference + records, KEYS, GROUP),
+            "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + report.count_table(records, reference, GROUP),
+            "## Unseen mean prediction\n\n" + unseen_table(records, reference),
+        ]
+    )
+    report.write_atomic(
+        out / "summary.md", "# Boolean study across model sizes\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body
+    )
+    plot_scale(records, reference, out / "scale.png")
+    print(body, end="")
+    print(f"written to {out}/ (summary.md, scale.png)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
