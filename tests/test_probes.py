@@ -50,7 +50,7 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
     assert json.loads((run / "results.jsonl").read_text().splitlines()[0])["seed"] == 0
 
 
-def test_probes_cli_refuses_a_folder_without_results(cli, tmp_path):
-    result = cli("experiments.probes", str(tmp_path))
+def test_probes_cli_refuses_a_folder_without_results(main, tmp_path):
+    result = main("experiments.probes", str(tmp_path))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "results.jsonl" in lines[0], result.stderr

@@ -105,7 +105,7 @@ def test_qk_priors_match_their_target_at_init_in_the_model(task_name):
     assert min(errors["vanilla"]) > 0.5 and min(errors["mimetic"]) > 0.4
 
 
-def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(cli, tmp_path):
+def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(cli, main, tmp_path):
     import dataclasses
 
     from maskjax.methods import get_method
@@ -120,7 +120,7 @@ def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(
     result = cli("experiments.qk_match", "--preset=test", "--seeds=1", "--tasks=2parity", f"--out={tmp_path / 'q'}")
     assert result.returncode == 0, result.stderr
     assert "| 2parity | mask | 1 | 0 |" in (tmp_path / "q" / "summary.md").read_text()
-    bad = cli("experiments.qk_match", "--preset=test", "--methods=nope", f"--out={tmp_path / 'r'}")
+    bad = main("experiments.qk_match", "--preset=test", "--methods=nope", f"--out={tmp_path / 'r'}")
     assert bad.returncode == 2 and "unknown method 'nope'" in bad.stderr
 
 

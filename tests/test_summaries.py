@@ -44,7 +44,7 @@ def write(folder, records):
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, tmp_path):
+def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, main, tmp_path):
     write(tmp_path / "a", [{**r, "git_commit": "aaaaaaa1"} for r in RECORDS[:8]])
     write(tmp_path / "b", [{**r, "git_commit": "bbbbbbb2"} for r in RECORDS[8:]])
     out = tmp_path / "summary.md"
@@ -53,35 +53,35 @@ def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, tmp_path):
     page = out.read_text()
     assert "commit aaaaaaa" in page and "commit bbbbbbb" in page
     assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 |" in page and "| majority3 | mdi |" in page
-    again = cli("experiments.summarize", str(tmp_path / "a"), str(tmp_path / "a"), f"--out={out}")
+    again = main("experiments.summarize", str(tmp_path / "a"), str(tmp_path / "a"), f"--out={out}")
     assert again.returncode == 2 and "twice" in again.stderr and "Traceback" not in again.stderr
-    missing = cli("experiments.summarize", str(tmp_path / "nope"), f"--out={out}")
+    missing = main("experiments.summarize", str(tmp_path / "nope"), f"--out={out}")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-def test_compare_reports_equal_and_differing_runs_and_strict_fails_on_a_difference(cli, tmp_path):
+def test_compare_reports_equal_and_differing_runs_and_strict_fails_on_a_difference(main, tmp_path):
     write(tmp_path / "old", RECORDS)
     changed = [dict(r) for r in RECORDS]
     changed[9]["acc_all"] = 0.5
     write(tmp_path / "new", changed)
-    same = cli("experiments.compare", str(tmp_path / "old"), str(tmp_path / "old"), "--keys=acc_all", "--strict")
+    same = main("experiments.compare", str(tmp_path / "old"), str(tmp_path / "old"), "--keys=acc_all", "--strict")
     assert same.returncode == 0 and "| majority3 | mask | 8 | 8/8, 0 |" in same.stdout
-    differ = cli("experiments.compare", str(tmp_path / "old"), str(tmp_path / "new"), "--keys=acc_all", "--strict")
+    differ = main("experiments.compare", str(tmp_path / "old"), str(tmp_path / "new"), "--keys=acc_all", "--strict")
     assert differ.returncode == 1 and "| majority3 | mask | 8 | 7/8, 0.5 |" in differ.stdout
 
 
-def test_persistence_pairs_each_run_with_the_mask_of_the_same_seed(cli, tmp_path):
+def test_persistence_pairs_each_run_with_the_mask_of_the_same_seed(main, tmp_path):
     def drifted(method, seed, value):
         return {"task": "2parity", "method": method, "seed": seed, "attention_drift": [[0.0], [value]]}
 
     records = [drifted("mask", s, 0.02) for s in range(8)] + [drifted("qk_svd", s, 0.1 + s) for s in range(8)]
     write(tmp_path / "run", records)
-    result = cli("experiments.persistence", str(tmp_path / "run"))
+    result = main("experiments.persistence", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     assert "| 2parity | diagonal | adam | - | qk_svd | 8 | 8/8 | 0.00781 |" in result.stdout
 
 
-def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(cli, tmp_path):
+def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(main, tmp_path):
     def drifted(method, seed, value, policy):
         return {"task": "majority3", "method": method, "seed": seed, "attention_drift": [[0.0], [value]],
                 "config": {"row_policy": policy}}
@@ -89,10 +89,10 @@ def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(cli, tmp_
     write(tmp_path / "diagonal", [drifted("mask", s, 0.5, "diagonal") for s in range(4)])
     write(tmp_path / "cls_all", [drifted("mask", s, 0.01, "cls_all") for s in range(4)]
           + [drifted("mask_random", s, 0.1, "cls_all") for s in range(4)])
-    result = cli("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "diagonal"))
+    result = main("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "diagonal"))
     assert result.returncode == 0, result.stderr
     assert "| majority3 | cls_all | adam | - | mask_random | 4 | 4/4 | 0.125 |" in result.stdout
-    twice = cli("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "cls_all"))
+    twice = main("experiments.persistence", str(tmp_path / "cls_all"), str(tmp_path / "cls_all"))
     assert twice.returncode == 2 and "twice" in twice.stderr and "Traceback" not in twice.stderr
 
 
