@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import NullFormatter
 
 from experiments.boolean import KEYS
 from experiments.cli import Parser, UserError, run_main
@@ -162,6 +163,7 @@ def plot_scale(records: list[dict], reference: list[dict], path: Path) -> None:
             if key == "unseen_mean_prediction":
                 ax.axhline(unseen_target_mean(task), ls=":", color="k", label="target")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # a decade or less wide: minor labels would collide
             ax.set_xlabel("training FLOPs per run")
             ax.set_ylabel("acc_all (%)" if key == "acc_all" else "unseen mean prediction")
             ax.set_title(task)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import jax
@@ -31,6 +32,7 @@ def test_train_flops_by_hand_at_the_paper_size():
 
 def test_the_ladder_presets_scale_the_learning_rate_with_width_and_keep_the_papers_epochs():
     paper = study.get_preset("paper")
+    assert study.get_preset("medium") == dataclasses.replace(study.get_preset("w64d4"), preset="medium")
     for name, width in (("w64d4", 64), ("w128d6", 128)):
         rung = study.get_preset(name)
         assert rung.model.dim == width
