@@ -6,7 +6,8 @@ seconds the runs took), the vanilla rule that picks the medium preset per (prese
 (preset, task, method) acc_all, acc_unseen, the unseen mean prediction beside the MDI's and the
 target's, the end loss and the seeds above the MDI with Fisher's exact test against vanilla; and
 FOLDER/scale.png: acc_all and the unseen mean prediction against training FLOPs per run, one panel
-per task. The same (preset, task, method, row policy, seed) in two folders is refused.
+per task. A mask run under a row policy other than `diagonal` is its own method, `mask (members)`; the
+same (preset, task, method, seed) in two folders is refused.
 """
 
 from __future__ import annotations
@@ -35,15 +36,25 @@ def parse_args(argv: list[str] | None):
     return p.parse_args(argv)
 
 
-def with_scale(record: dict) -> dict:
-    """The record with its preset, row policy and training FLOPs per run lifted to the top level."""
+NEEDED = ("task", "method", "seed", "steps", "acc_all", "train_loss", "batch_seconds", "runs_in_batch", "config")
+
+
+def with_scale(record: dict, path: Path) -> dict:
+    """The record with its preset and training FLOPs per run lifted to the top level; a mask run under a
+    row policy other than the default is named `method (policy)`, so that it is its own group."""
+    missing = [k for k in NEEDED if k not in record]
+    if missing:
+        raise UserError(f"{path}: a record lacks {', '.join(missing)} (not a Boolean results file of this code)")
     config = record["config"]
     task = get_task(record["task"])
     flops = study.train_flops(ModelConfig(**config["model"]), task.n_bits + 1, config["batch_size"])
+    method = record["method"]
+    if config["row_policy"] != study.BooleanConfig.row_policy and method != "vanilla":
+        method = f"{method} ({config['row_policy']})"
     return {
         **record,
+        "method": method,
         "preset": config["preset"],
-        "row_policy": config["row_policy"],
         "train_flops": flops * record["steps"],
         "run_seconds": record["batch_seconds"] / record["runs_in_batch"],
     }
@@ -55,13 +66,13 @@ def read_folders(dirs: list[Path], methods: set[str] | None) -> tuple[list[dict]
         path = folder / "results.jsonl"
         if not path.is_file():
             raise UserError(f"{path} does not exist")
-        found = [with_scale(r) for r in report.read_jsonl(path) if methods is None or r["method"] in methods]
+        found = [with_scale(r, path) for r in report.read_jsonl(path) if methods is None or r.get("method") in methods]
         commits = sorted({r.get("git_commit", "?")[:7] for r in found})
         sources.append(f"- `{folder}`: {len(found)} records, commit {', '.join(commits)}")
         records += found
-    keys = [(*(r[k] for k in GROUP), r["row_policy"], r["seed"]) for r in records]
+    keys = [(*(r[k] for k in GROUP), r["seed"]) for r in records]
     if len(set(keys)) != len(keys):
-        raise UserError("the same preset, task, method, row policy and seed appear twice in these folders")
+        raise UserError("the same preset, task, method (row policy) and seed appear twice in these folders")
     if not records:
         raise UserError("no records in these folders")
     return records, sources

@@ -51,7 +51,7 @@ def test_the_vanilla_rule_needs_fit_and_mdi_on_the_same_seed_in_three_of_four():
     assert not study.vanilla_rule([], 0.75)["passes"]
 
 
-def record(preset, dim, task, method, seed, acc, loss, unseen):
+def record(preset, dim, task, method, seed, acc, loss, unseen, row_policy="diagonal"):
     model = {"dim": dim, "depth": 2, "heads": 2, "head_dim": dim // 2, "mlp_dim": dim}
     return {
         "task": task,
@@ -66,7 +66,7 @@ def record(preset, dim, task, method, seed, acc, loss, unseen):
         "batch_seconds": 40.0,
         "runs_in_batch": 4,
         "git_commit": "abc1234",
-        "config": {"preset": preset, "model": model, "batch_size": 256, "row_policy": "diagonal"},
+        "config": {"preset": preset, "model": model, "batch_size": 256, "row_policy": row_policy},
     }
 
 
@@ -97,3 +97,16 @@ def test_scale_cli_refuses_a_run_twice_and_a_missing_folder(main, tmp_path):
     assert twice.returncode == 2 and "appear twice" in twice.stderr
     missing = main("experiments.scale", str(tmp_path / "nope"), f"--out={tmp_path / 'p'}")
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+    torn = {k: v for k, v in record("quick", 32, "2parity", "mask", 0, 0.75, 5e-3, -2.0).items() if k != "config"}
+    write(tmp_path / "old", [torn])
+    old = main("experiments.scale", str(tmp_path / "old"), f"--out={tmp_path / 'p'}")
+    assert old.returncode == 2 and "lacks config" in old.stderr and "Traceback" not in old.stderr
+
+
+def test_a_mask_under_another_row_policy_is_its_own_group(main, tmp_path):
+    write(tmp_path / "d", [record("paper", 256, "2parity", "mask", 0, 0.75, 1e-7, -2.4)])
+    write(tmp_path / "m", [record("paper", 256, "2parity", "mask", 0, 0.75, 1e-7, -2.3, row_policy="members")])
+    result = main("experiments.scale", str(tmp_path / "d"), str(tmp_path / "m"), f"--out={tmp_path / 'p'}")
+    assert result.returncode == 0, result.stderr
+    page = (tmp_path / "p" / "summary.md").read_text()
+    assert "| paper | 2parity | mask | 1 |" in page and "| paper | 2parity | mask (members) | 1 |" in page
