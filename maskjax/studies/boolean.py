@@ -106,7 +106,7 @@ PRESETS: dict[str, BooleanConfig] = {
     "w64d4": _rung("w64d4", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=64)),
     "w128d6": _rung("w128d6", ModelConfig(dim=128, depth=6, heads=4, head_dim=32, mlp_dim=128)),
     # By that rule (docs/results/boolean_scale.md): quick fails it on every task, w64d4 passes it on
-    # 2Parity and Majority, and a medium table at w128d6 (about 81 h of CPU) is beyond reach.
+    # 2Parity, Majority and ThreeSym, and a medium table at w128d6 (about 81 h of CPU) is beyond reach.
     "medium": _rung("medium", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=64)),
     "test": BooleanConfig(
         "test",
