@@ -7,11 +7,13 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
+from maskjax import report
 from maskjax.errors import ConfigError
 from maskjax.sweep import RunControl
 
@@ -141,6 +143,23 @@ def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = N
     except KeyboardInterrupt:
         print("interrupted: results written so far are kept", file=sys.stderr)
         return 130
+
+
+def read_result_folders(dirs: Sequence[Path]) -> list[tuple[Path, list[dict]]]:
+    """Each folder with the records of its results.jsonl; a folder without one is bad input."""
+    found = []
+    for folder in dirs:
+        path = folder / "results.jsonl"
+        if not path.is_file():
+            raise UserError(f"{path} does not exist")
+        found.append((folder, report.read_jsonl(path)))
+    return found
+
+
+def source_line(folder: Path, records: Sequence[dict]) -> str:
+    """How a merged page names a folder it read: its records and the commits that wrote them."""
+    commits = sorted({r.get("git_commit", "?")[:7] for r in records})
+    return f"- `{folder}`: {len(records)} records, commit {', '.join(commits)}"
 
 
 MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")

@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.ticker import NullFormatter
 
 from experiments.boolean import KEYS
-from experiments.cli import Parser, UserError, run_main
+from experiments.cli import Parser, UserError, read_result_folders, run_main, source_line
 from maskjax import report
 from maskjax.models.layers import ModelConfig
 from maskjax.studies import boolean as study
@@ -62,14 +62,11 @@ def with_scale(record: dict, path: Path) -> dict:
 
 def read_folders(dirs: list[Path], methods: set[str] | None) -> tuple[list[dict], list[str]]:
     records, sources = [], []
-    for folder in dirs:
+    for folder, found in read_result_folders(dirs):
         path = folder / "results.jsonl"
-        if not path.is_file():
-            raise UserError(f"{path} does not exist")
-        found = [with_scale(r, path) for r in report.read_jsonl(path) if methods is None or r.get("method") in methods]
-        commits = sorted({r.get("git_commit", "?")[:7] for r in found})
-        sources.append(f"- `{folder}`: {len(found)} records, commit {', '.join(commits)}")
-        records += found
+        kept = [with_scale(r, path) for r in found if methods is None or r.get("method") in methods]
+        sources.append(source_line(folder, kept))
+        records += kept
     keys = [(*(r[k] for k in GROUP), r["seed"]) for r in records]
     if len(set(keys)) != len(keys):
         raise UserError("the same preset, task, method (row policy) and seed appear twice in these folders")
@@ -125,7 +122,7 @@ def rule_table(records: list[dict], mdi: dict[str, float]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def unseen_table(records: list[dict], reference: list[dict]) -> str:
+def unseen_table(records: list[dict], reference: list[dict], target_unseen: dict[str, float]) -> str:
     mdi_unseen = {r["task"]: r["unseen_mean_prediction"] for r in reference}
     lines = [
         "| preset | task | method | seeds | unseen mean prediction | MDI's | target's |",
@@ -140,12 +137,12 @@ def unseen_table(records: list[dict], reference: list[dict]) -> str:
         ]
         lines.append(
             f"| {preset} | {task} | {method} | {len(values)} | {report.mean_std(values) if values else '-'} "
-            f"| {mdi_unseen[task]:.4g} | {unseen_target_mean(task):.4g} |"
+            f"| {mdi_unseen[task]:.4g} | {target_unseen[task]:.4g} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def plot_scale(records: list[dict], reference: list[dict], path: Path) -> None:
+def plot_scale(records: list[dict], reference: list[dict], target_unseen: dict[str, float], path: Path) -> None:
     """Per task, acc_all (top) and the unseen mean prediction (bottom) against training FLOPs per run:
     the mean over seeds per method, every seed a dot; the MDI dashed, the target's unseen mean dotted."""
     tasks = list(dict.fromkeys(r["task"] for r in sorted(records, key=lambda r: r["task"])))
@@ -172,7 +169,7 @@ def plot_scale(records: list[dict], reference: list[dict], path: Path) -> None:
                 )
             ax.axhline(scale * mdi[task][key], ls="--", color="gray", label="MDI")
             if key == "unseen_mean_prediction":
-                ax.axhline(unseen_target_mean(task), ls=":", color="k", label="target")
+                ax.axhline(target_unseen[task], ls=":", color="k", label="target")
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())  # a decade or less wide: minor labels would collide
             ax.set_xlabel("training FLOPs per run")
@@ -192,19 +189,20 @@ def main(argv: list[str] | None = None) -> int:
     records.sort(key=lambda r: (r["task"], r["train_flops"], order[r["method"]], r["seed"]))
     reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
     mdi = {r["task"]: r["acc_all"] for r in reference}
+    target_unseen = {r["task"]: unseen_target_mean(r["task"]) for r in reference}
     body = "\n".join(
         [
             "## Cost of a run\n\n" + cost_table(records),
             "## The vanilla rule (docs/design.md, Presets)\n\n" + rule_table(records, mdi),
             "## Every (preset, task, method)\n\n" + report.summary_table(reference + records, KEYS, GROUP),
             "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + report.count_table(records, reference, GROUP),
-            "## Unseen mean prediction\n\n" + unseen_table(records, reference),
+            "## Unseen mean prediction\n\n" + unseen_table(records, reference, target_unseen),
         ]
     )
     report.write_atomic(
         out / "summary.md", "# Boolean study across model sizes\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body
     )
-    plot_scale(records, reference, out / "scale.png")
+    plot_scale(records, reference, target_unseen, out / "scale.png")
     print(body, end="")
     print(f"written to {out}/ (summary.md, scale.png)", file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from experiments.boolean import plot_probes, summary_markdown
-from experiments.cli import Parser, UserError, name_list, run_main
+from experiments.cli import Parser, UserError, name_list, read_result_folders, run_main, source_line
 from maskjax import report
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
@@ -34,13 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report.ensure_writable_dir(args.out.parent)
     records, sources = [], []
-    for folder in args.dirs:
-        path = folder / "results.jsonl"
-        if not path.is_file():
-            raise UserError(f"{path} does not exist")
-        found = report.read_jsonl(path)
-        commits = sorted({r.get("git_commit", "?")[:7] for r in found})
-        sources.append(f"- `{folder}`: {len(found)} records, commit {', '.join(commits)}")
+    for folder, found in read_result_folders(args.dirs):
+        sources.append(source_line(folder, found))
         records += found
     missing = sorted({k for r in records for k in args.by if k not in r})
     if missing:

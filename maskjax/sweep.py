@@ -246,10 +246,11 @@ def run_sweep(
 
     plot(records) draws every figure from the records so far: after a batch when the last drawing is at
     least plot_every seconds old (so a long sweep's figures stay current while short batches do not
-    spend their time drawing), and once at the end, which also redraws a resumed folder with this code.
+    spend their time drawing), and at the end unless the last batch was just drawn, which also redraws a
+    resumed folder with this code.
     """
     records, meta = open_sweep(out, config, control)
-    last_plot = time.monotonic()
+    last_plot, drawn = time.monotonic(), None
     for k, spec in enumerate(batches, 1):
         if spec.done_in(records):
             log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
@@ -262,8 +263,8 @@ def run_sweep(
         shutil.rmtree(checkpoints.directory, ignore_errors=True)
         if plot is not None and time.monotonic() - last_plot >= plot_every:
             plot(records)
-            last_plot = time.monotonic()
-    if plot is not None and records:
+            last_plot, drawn = time.monotonic(), len(records)
+    if plot is not None and records and drawn != len(records):
         plot(records)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return records

@@ -38,3 +38,22 @@ def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_p
     ]
     report.plot_accuracy(records, tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_drawn(tmp_path):
+    from maskjax import sweep
+
+    def spec(method):
+        return sweep.BatchSpec(method, {"method": method}, 1, lambda checkpoints, resume: [{"method": method}])
+
+    def run(plot_every, control):
+        drawn = []
+        specs = [spec("vanilla"), spec("mask")]
+        write = lambda out, records: report.write_jsonl(out / "results.jsonl", records)  # noqa: E731
+        plot = lambda records: drawn.append(len(records))  # noqa: E731  (the list grows after the call)
+        sweep.run_sweep(tmp_path / "out", {"c": 1}, specs, write, control, lambda m: None, plot, plot_every)
+        return drawn
+
+    assert run(plot_every=0.0, control=sweep.RunControl()) == [1, 2]  # after each batch; the end has nothing new
+    assert run(plot_every=1e9, control=sweep.RunControl(overwrite=True)) == [2]  # only at the end
+    assert run(plot_every=0.0, control=sweep.RunControl(resume=True)) == [2]  # a resumed folder is redrawn
