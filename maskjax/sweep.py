@@ -228,7 +228,7 @@ def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunContr
     return SweepCheckpoints(directory, fingerprint, control.checkpoint_every)
 
 
-PLOT_EVERY_SECONDS = 60.0
+PLOT_EVERY_SECONDS = 300.0
 
 
 def run_sweep(

@@ -56,3 +56,19 @@ def test_random_pattern_matches_the_count_and_is_seeded():
     assert np.all(np.diag(a)) and a.any(axis=1).all()
     np.testing.assert_array_equal(a, priors.random_pattern(oracle, 0))
     assert not np.array_equal(a, b)
+
+
+def test_each_mask_method_starts_from_its_own_logits():
+    from maskjax.methods import get_method
+    from maskjax.sweep import initial_mask_logits
+
+    oracle = priors.group_pattern(15, ((0, 1),))
+    patterns = {"oracle": oracle, "random": priors.random_pattern(oracle, 3)}
+
+    def initial(name):
+        return initial_mask_logits(lambda kind, seed: patterns[kind], get_method(name), 3, (10.0, -10.0))
+
+    np.testing.assert_array_equal(initial("mask_zero"), np.zeros((16, 16)))
+    for name in ("mask", "mask_fixed", "vanilla"):
+        np.testing.assert_array_equal(initial(name), np.where(oracle, 10.0, -10.0))
+    np.testing.assert_array_equal(initial("mask_random"), np.where(patterns["random"], 10.0, -10.0))
