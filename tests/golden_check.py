@@ -15,8 +15,8 @@ ENVIRONMENT = {"jax_version"}
 def assert_matches_golden(records: list[dict], name: str) -> None:
     """Every run has a golden record, and every field of it equals the run's: bit for bit under the JAX
     version, platform and XLA passes the golden file was written with, to 1e-5 relative under any other
-    (conftest turns LLVM's passes off). A test may
-    run a subset of the golden sweep (a run does not depend on its batch's neighbours)."""
+    (conftest turns LLVM's passes off). A test may run a subset of the golden sweep: a run does not
+    depend on its batch's neighbours."""
     golden = {
         tuple(g.get(k) for k in IDENTITY): g
         for g in map(json.loads, (GOLDEN / f"{name}_test_preset.jsonl").read_text().splitlines())
