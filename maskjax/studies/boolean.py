@@ -444,13 +444,15 @@ def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
 
 
 def mdi_record(task: BooleanTask) -> dict:
+    """The MDI's scores. Its unseen mean is rounded (and -0.0 made 0): the float64 solve's last bits
+    depend on the CPU's BLAS kernels, and a mean that is 0 should not print as -1.11e-16 on some CPUs."""
     points, values = minimum_degree_interpolator(task)
     unseen = ~np.asarray(task.seen(points), bool)
     return {
         "task": task.name,
         "method": "mdi",
         **scores(task, values),
-        "unseen_mean_prediction": float(values[unseen].mean()),
+        "unseen_mean_prediction": round(float(values[unseen].mean()), 9) + 0.0,
         "degree_profile": [round(float(m), 6) for m in degree_profile(values)],
     }
 
