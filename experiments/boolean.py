@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot_probes(out: Path, task_name: str, task_records: list[dict]) -> None:
-    """drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
+    """loss_TASK.png, drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
+    report.plot_loss(task_records, out / f"loss_{task_name}.png")
     report.plot_drift(task_records, out / f"drift_{task_name}.png")
     report.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
     if any("mask_change_open_mean" in r for r in task_records):

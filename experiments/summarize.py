@@ -4,8 +4,8 @@ A sweep too long for one sitting is split by task or seed range into folders; th
 results.jsonl and writes the summary.md every Boolean run writes (mean +- std beside the MDI, seeds
 above the MDI with Fisher's exact test against vanilla, per-seed tables), headed by each folder's
 commit. --by adds keys to group on (optimizer, mask_weight_decay, ...). The same (group, seed) in two
-folders is refused. --plots also writes accuracy.png and the probe plots of every task (drift_TASK.png,
-gradients_TASK.png, mask_change_TASK.png) beside --out.
+folders is refused. --plots also writes accuracy.png and the probe plots of every task (loss_TASK.png,
+drift_TASK.png, gradients_TASK.png, mask_change_TASK.png) beside --out.
 """
 
 from __future__ import annotations

@@ -373,6 +373,18 @@ def plot_drift(
     save_figure(fig, path)
 
 
+def plot_loss(records: Sequence[dict], path: Path) -> None:
+    """Training loss against step on a log axis, per method: the mean over seeds, the seed range shaded.
+    Runs without a finite `train_loss_curve` (diverged, or written before it was recorded) are left out."""
+    curves = [
+        {**r, "drift_steps": r["train_loss_steps"], "train_loss_curve": [[v] for v in r["train_loss_curve"]]}
+        for r in records
+        if r.get("train_loss_curve") and None not in r["train_loss_curve"]
+    ]
+    if curves:
+        plot_drift(curves, path, ("train_loss_curve",), log=True, per_layer=False)
+
+
 def plot_matrices(
     matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
 ) -> None:

@@ -131,19 +131,35 @@ def end_loss(losses_S: np.ndarray) -> float:
     return float(np.mean(losses_S[-max(1, losses_S.shape[0] // 20) :]))
 
 
+LOSS_CURVE_POINTS = 20
+
+
+def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[list[int], list[float | None]]:
+    """A run's training loss in `points` equal windows of steps, small enough for every record: each window's
+    last step (1-based) and mean loss, to 6 digits (None where the window went non-finite)."""
+    if not losses_S.shape[0]:
+        return [], []
+    windows = np.array_split(np.arange(losses_S.shape[0]), min(points, losses_S.shape[0]))
+    means = [float(np.mean(losses_S[w])) for w in windows]
+    return [int(w[-1]) + 1 for w in windows], [float(f"{m:.6g}") if np.isfinite(m) else None for m in means]
+
+
 def outcome_fields(
     losses_RS: np.ndarray, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
 ) -> list[dict]:
-    """Per run, what every study records about its training: the end loss (None once diverged),
-    whether and where the loss went non-finite (`failed` adds runs whose outputs did), the schedule
-    and the batch it shared."""
+    """Per run, what every study records about its training: the end loss (None once diverged) and the
+    coarse loss curve, whether and where the loss went non-finite (`failed` adds runs whose outputs did),
+    the schedule and the batch it shared."""
     diverged_at = first_nonfinite_step(losses_RS)
     fields = []
     for i in range(losses_RS.shape[0]):
         diverged = bool(diverged_at[i]) or bool(failed is not None and failed[i])
+        curve_steps, curve = loss_curve(losses_RS[i])
         fields.append(
             {
                 "train_loss": None if diverged else end_loss(losses_RS[i]),
+                "train_loss_steps": curve_steps,
+                "train_loss_curve": curve,
                 "diverged": diverged,
                 "diverged_at_step": int(diverged_at[i]) or None,
                 "steps": int(config.steps),

@@ -46,7 +46,11 @@ def test_end_to_end_at_test_preset(end_to_end):
     assert {"dim", "depth", "heads", "head_dim", "mlp_dim", "dtype"} <= set(config["model"])
     assert config["batch_size"] == 256 and config["steps"] == {"2parity": 10, "threesym": 10}
     assert all(r["drift_steps"] == [0, 5, 10] and len(r["attention_drift"]) == 3 for r in records)
-    for png in ("accuracy.png", "attention_2parity.png", "attention_threesym.png", "drift_2parity.png"):
+    for r in records:  # 10 steps: one window a step, the last one the end loss
+        assert r["train_loss_steps"] == list(range(1, 11))
+        assert r["train_loss_curve"][-1] == pytest.approx(r["train_loss"], rel=1e-5)
+    pngs = ("accuracy.png", "attention_2parity.png", "attention_threesym.png", "drift_2parity.png", "loss_2parity.png")
+    for png in pngs:
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "2parity mask step 10/10" in result.stderr
     assert "| threesym | mask | 2 | 0 |" in result.stdout

@@ -1,7 +1,7 @@
 import matplotlib
 import numpy as np
 
-from maskjax import report
+from maskjax import report, sweep
 
 
 def png_width(path):
@@ -57,3 +57,26 @@ def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_dr
     assert run(plot_every=0.0, control=sweep.RunControl()) == [1, 2]  # after each batch; the end has nothing new
     assert run(plot_every=1e9, control=sweep.RunControl(overwrite=True)) == [2]  # only at the end
     assert run(plot_every=0.0, control=sweep.RunControl(resume=True)) == [2]  # a resumed folder is redrawn
+
+
+def test_loss_curve_is_the_mean_of_equal_windows_and_none_where_a_window_diverged():
+    losses = np.arange(1, 46, dtype=np.float64) / 7.0
+    steps, curve = sweep.loss_curve(losses, points=4)
+    assert steps == [12, 23, 34, 45]
+    reference = [losses[a:b].mean() for a, b in ((0, 12), (12, 23), (23, 34), (34, 45))]
+    np.testing.assert_allclose(curve, reference, rtol=1e-6)
+    assert sweep.loss_curve(losses[:3]) == ([1, 2, 3], [float(f"{v:.6g}") for v in losses[:3]])
+    losses[30] = np.nan
+    assert sweep.loss_curve(losses, points=4)[1][2] is None
+    assert sweep.loss_curve(np.zeros(0)) == ([], [])
+
+
+def test_loss_plot_leaves_out_runs_without_a_finite_curve(tmp_path):
+    finite = {"method": "mask", "train_loss_steps": [5, 10], "train_loss_curve": [0.5, 1e-6]}
+    report.plot_loss(
+        [finite, {"method": "vanilla", "train_loss_steps": [5, 10], "train_loss_curve": [0.5, None]}],
+        tmp_path / "loss.png",
+    )
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    report.plot_loss([{"method": "vanilla", "train_loss": 0.1}], tmp_path / "old.png")
+    assert not (tmp_path / "old.png").exists()
