@@ -158,8 +158,7 @@ def write_outputs(out: Path, records: list[dict]) -> str:
 
 def plot_curves(records: list[dict], path: Path) -> None:
     """Validation loss on the probe windows against step, per method (mean over seeds, range shaded)."""
-    as_layers = [{**r, **{k: [[v] for v in r[k]] for k in CURVE_KEYS if k in r}} for r in records]
-    report.plot_drift(as_layers, path, CURVE_KEYS, per_layer=False)
+    report.plot_step_curves(records, path, CURVE_KEYS)
 
 
 BIAS_FLOOR = -15.0  # below this an entry is closed for any q.k logit of a small model; the plot clips there

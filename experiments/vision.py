@@ -165,8 +165,7 @@ def write_outputs(out: Path, records: list[dict]) -> str:
 
 def plot_curves(records: list[dict], path: Path) -> None:
     """Test accuracy and loss on the probe subset against step, per method (mean over seeds, range shaded)."""
-    as_layers = [{**r, **{k: [[v] for v in r[k]] for k in CURVE_KEYS if k in r}} for r in records]
-    report.plot_drift(as_layers, path, CURVE_KEYS, per_layer=False)
+    report.plot_step_curves(records, path, CURVE_KEYS)
 
 
 def centre_query(task, matrix_NN: np.ndarray) -> np.ndarray:

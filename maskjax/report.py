@@ -373,16 +373,23 @@ def plot_drift(
     save_figure(fig, path)
 
 
+def plot_step_curves(
+    records: Sequence[dict], path: Path, keys: Sequence[str], steps_key: str = "drift_steps", log: bool = False
+) -> None:
+    """plot_drift for curves with one value a step (a loss, not a per-layer probe): one panel per key, the
+    steps read from `steps_key`."""
+    as_layers = [
+        {**r, "drift_steps": r.get(steps_key), **{k: [[v] for v in r[k]] for k in keys if k in r}} for r in records
+    ]
+    plot_drift(as_layers, path, keys, log=log, per_layer=False)
+
+
 def plot_loss(records: Sequence[dict], path: Path) -> None:
     """Training loss against step on a log axis, per method: the mean over seeds, the seed range shaded.
     Runs without a finite `train_loss_curve` (diverged, or written before it was recorded) are left out."""
-    curves = [
-        {**r, "drift_steps": r["train_loss_steps"], "train_loss_curve": [[v] for v in r["train_loss_curve"]]}
-        for r in records
-        if r.get("train_loss_curve") and None not in r["train_loss_curve"]
-    ]
+    curves = [r for r in records if r.get("train_loss_curve") and None not in r["train_loss_curve"]]
     if curves:
-        plot_drift(curves, path, ("train_loss_curve",), log=True, per_layer=False)
+        plot_step_curves(curves, path, ("train_loss_curve",), steps_key="train_loss_steps", log=True)
 
 
 def plot_matrices(
