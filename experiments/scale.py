@@ -41,7 +41,8 @@ NEEDED = ("task", "method", "seed", "steps", "acc_all", "train_loss", "batch_sec
 
 def with_scale(record: dict, path: Path) -> dict:
     """The record with its preset and training FLOPs per run lifted to the top level; a mask run under a
-    row policy other than the default is named `method (policy)`, so that it is its own group."""
+    row policy other than the default is named `method (policy)`, so that it is its own group. A resumed
+    run's seconds cover only its last part, so it has no run_seconds."""
     missing = [k for k in NEEDED if k not in record]
     if missing:
         raise UserError(f"{path}: a record lacks {', '.join(missing)} (not a Boolean results file of this code)")
@@ -56,7 +57,7 @@ def with_scale(record: dict, path: Path) -> dict:
         "method": method,
         "preset": config["preset"],
         "train_flops": flops * record["steps"],
-        "run_seconds": record["batch_seconds"] / record["runs_in_batch"],
+        "run_seconds": None if record.get("resumed_at_step") else record["batch_seconds"] / record["runs_in_batch"],
     }
 
 
@@ -95,10 +96,13 @@ def cost_table(records: list[dict]) -> str:
     for preset, task in by_compute(records):
         rows = [r for r in records if r["preset"] == preset and r["task"] == task]
         model = rows[0]["config"]["model"]
-        seconds = [r["run_seconds"] for r in rows]
+        seconds = [r["run_seconds"] for r in rows if r["run_seconds"] is not None]
+        measured = f"{np.median(seconds):.0f} (median of {len(seconds)})" if seconds else "-"
+        if len(seconds) < len(rows):
+            measured += f"; {len(rows) - len(seconds)} resumed, not counted"
         lines.append(
             f"| {preset} | {task} | {model['dim']} x {model['depth']} | {rows[0]['steps']} "
-            f"| {rows[0]['train_flops'] / 1e9:.4g} | {np.median(seconds):.0f} (median of {len(seconds)}) |"
+            f"| {rows[0]['train_flops'] / 1e9:.4g} | {measured} |"
         )
     return "\n".join(lines) + "\n"
 

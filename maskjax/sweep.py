@@ -145,11 +145,13 @@ def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[l
 
 
 def outcome_fields(
-    losses_RS: np.ndarray, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
+    trained: Trained, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
 ) -> list[dict]:
     """Per run, what every study records about its training: the end loss (None once diverged) and the
     coarse loss curve, whether and where the loss went non-finite (`failed` adds runs whose outputs did),
-    the schedule and the batch it shared."""
+    the schedule and the batch it shared. batch_seconds is this process's time: after a resume it covers
+    only the steps from resumed_at_step, so it is not the run's cost."""
+    losses_RS = trained.losses
     diverged_at = first_nonfinite_step(losses_RS)
     fields = []
     for i in range(losses_RS.shape[0]):
@@ -168,6 +170,7 @@ def outcome_fields(
                 "mask_weight_decay": config.mask_weight_decay,
                 "runs_in_batch": int(losses_RS.shape[0]),
                 "batch_seconds": round(seconds, 2),
+                "resumed_at_step": trained.resumed_at_step or None,
             }
         )
     return fields

@@ -216,13 +216,16 @@ class Checkpointer(Protocol):
 
 class Trained(NamedTuple):
     """What `train` returns, runs first: initial and final states, losses [runs, steps] and, per probe
-    name, its values at init and after every chunk [runs, chunks + 1, ...], with the steps they were taken at."""
+    name, its values at init and after every chunk [runs, chunks + 1, ...], with the steps they were taken at;
+    resumed_at_step is the checkpoint's step this process trained on from (0 when it trained from the start),
+    so a reader knows what its wall clock covers."""
 
     initial: RunState
     final: RunState
     losses: np.ndarray
     probes: dict[str, np.ndarray]
     probe_steps: list[int]
+    resumed_at_step: int
 
 
 def train(
@@ -298,7 +301,9 @@ def train(
     joined = {name: np.concatenate(v, axis=1) if v else np.zeros((n_runs, 0)) for name, v in history.items()}
     initial, state = runs((initial, state))
     probe_steps = [0, *range(config.chunk_steps, config.steps, config.chunk_steps), config.steps]
-    return Trained(initial, state, joined.pop("loss"), joined, probe_steps if measure is not None else [])
+    return Trained(
+        initial, state, joined.pop("loss"), joined, probe_steps if measure is not None else [], first_step
+    )
 
 
 def runs_mesh() -> jax.sharding.Mesh:

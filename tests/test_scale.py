@@ -118,3 +118,12 @@ def test_a_mask_under_another_row_policy_is_its_own_group(main, tmp_path):
     assert result.returncode == 0, result.stderr
     page = (tmp_path / "p" / "summary.md").read_text()
     assert "| paper | 2parity | mask | 1 |" in page and "| paper | 2parity | mask (members) | 1 |" in page
+
+
+def test_a_resumed_run_is_left_out_of_the_seconds_per_run(main, tmp_path):
+    whole = [record("paper", 256, "2parity", "mask", s, 0.75, 1e-7, -2.4) for s in range(3)]
+    resumed = {**record("paper", 256, "2parity", "vanilla", 0, 0.75, 1e-4, -2.6), "batch_seconds": 4.0}
+    write(tmp_path / "r", [*whole, {**resumed, "resumed_at_step": 60}])
+    result = main("experiments.scale", str(tmp_path / "r"), f"--out={tmp_path / 'p'}")
+    assert result.returncode == 0, result.stderr
+    assert "| 10 (median of 3); 1 resumed, not counted |" in (tmp_path / "p" / "summary.md").read_text()

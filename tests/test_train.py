@@ -59,7 +59,7 @@ def test_train_fits_a_linear_model_and_stacks_runs():
 
     config = TrainConfig(steps=300, batch_size=16, learning_rate=0.05, weight_decay=0.0, chunk_steps=64)
     keys = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-    initial, final, history, _, _ = train(init_run, loss, keys, (jnp.ones(3),), (x, y), config)
+    initial, final, history, *_ = train(init_run, loss, keys, (jnp.ones(3),), (x, y), config)
     chex.assert_shape(final.params["w"], (3, 1))
     chex.assert_shape(history, (3, 300))
     np.testing.assert_allclose(np.asarray(final.params["w"][:, 0]), 3.0, atol=1e-2)
@@ -92,9 +92,9 @@ def test_a_diverged_run_is_found_and_leaves_the_others_alone():
 
     config = TrainConfig(steps=20, batch_size=8, learning_rate=0.1, weight_decay=0.0, chunk_steps=7)
     keys = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-    _, final, history, _, _ = train(init_run, loss, keys, (jnp.asarray([1.0, jnp.inf, 0.5]),), (x, y), config)
+    _, final, history, *_ = train(init_run, loss, keys, (jnp.asarray([1.0, jnp.inf, 0.5]),), (x, y), config)
     np.testing.assert_array_equal(first_nonfinite_step(history), [0, 1, 0])
-    _, alone, alone_history, _, _ = train(init_run, loss, keys[2:], (jnp.asarray([0.5]),), (x, y), config)
+    _, alone, alone_history, *_ = train(init_run, loss, keys[2:], (jnp.asarray([0.5]),), (x, y), config)
     np.testing.assert_allclose(np.asarray(final.params["w"][2]), np.asarray(alone.params["w"][0]), rtol=1e-6)
     np.testing.assert_allclose(history[2], alone_history[0], rtol=1e-5, atol=1e-7)
 

@@ -146,7 +146,7 @@ def run_batch(
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
 
     started = time.time()
-    _, final, history, _, _ = train(
+    trained = train(
         init_run,
         loss,
         sweep.seed_keys(seeds),
@@ -159,6 +159,7 @@ def run_batch(
         resume=resume,
         data_per_run=True,
     )
+    final = trained.final
 
     @jax.jit
     @jax.vmap
@@ -167,7 +168,7 @@ def run_batch(
 
     answers = to_host(decode(final.params, final.constants, eval_BNL))
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
-    outcomes = sweep.outcome_fields(history, train_config, time.time() - started)
+    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
         correct = answers[i] == truth[i]

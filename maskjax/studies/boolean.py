@@ -326,9 +326,8 @@ def run_batch(
     target = oracle_target(task, config)
     started = time.time()
     probe = drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size))
-    initial, final, history, drift, drift_steps = sweep.train_batch(
-        batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe
-    )
+    trained = sweep.train_batch(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
+    initial, final, drift, drift_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
 
     @jax.jit
     @jax.vmap
@@ -340,7 +339,7 @@ def run_batch(
     attention_init, attention_final = on_maps.attention(initial), on_maps.attention(final)
     maps = {"init": on_maps.mean(attention_init), "final": on_maps.mean(attention_final)}
     failed = ~np.all(np.isfinite(preds), axis=1)
-    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, failed)
+    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, failed)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
     records = []
     for i, seed in enumerate(seeds):

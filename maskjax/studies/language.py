@@ -254,7 +254,7 @@ def run_batch(
         return out
 
     started = time.time()
-    initial, final, history, curves, curve_steps = sweep.train_batch(
+    trained = sweep.train_batch(
         batch,
         f"{data.corpus} {method.name}",
         log,
@@ -262,8 +262,9 @@ def run_batch(
         resume,
         probe=probe,
     )
+    initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     nll_sum, tokens = score(model, final, data.test, data.test_weights, config.eval_batch)
-    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, ~np.isfinite(nll_sum))
+    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(nll_sum))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]

@@ -278,12 +278,13 @@ def run_batch(
 
     started = time.time()
     label = f"{data.name} {fraction:g} {method.name}"
-    initial, final, history, curves, curve_steps = sweep.train_batch(
+    trained = sweep.train_batch(
         batch, label, log, checkpoints, resume, probe=probe, data_per_run=batch.data_per_run, augment=batch.augment
     )
+    initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     test_acc, test_loss = evaluate(model, final, data, mean, std, config.eval_batch)
     pattern_error = layer0_pattern_error(model, initial, drift_x, batch.target)
-    outcomes = sweep.outcome_fields(history, train_config, time.time() - started, ~np.isfinite(test_loss))
+    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(test_loss))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
