@@ -3,8 +3,9 @@
 Matches records of the two folders by (task, method, seed, and the mask's open / closed values when
 present) and reports, per task and method, how many matched records agree exactly on each key
 (default: the accuracy and loss columns, which depend on training alone) and the largest absolute
-difference. The training is deterministic, so a change that only touches measurement must leave
-these identical. With --strict the exit code is 1 when any matched value differs.
+difference; records that lack a key (written before it existed) are counted apart, not as a difference.
+The training is deterministic, so a change that only touches measurement must leave these identical.
+With --strict the exit code is 1 when any matched value differs.
 """
 
 from __future__ import annotations
@@ -61,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     for (task, method), keys in groups.items():
         cells = []
         for k in args.keys:
-            diffs = [difference(old[i].get(k), new[i].get(k)) for i in keys]
+            both = [i for i in keys if k in old[i] and k in new[i]]
+            diffs = [difference(old[i][k], new[i][k]) for i in both]
             equal = sum(d == 0 for d in diffs)
             differs |= equal < len(diffs)
-            cells.append(f"{equal}/{len(diffs)}, {max(diffs):.3g}")
+            cell = f"{equal}/{len(diffs)}, {max(diffs):.3g}" if diffs else "-"
+            if len(both) < len(keys):
+                cell += f"; {len(keys) - len(both)} without it (older records)"
+            cells.append(cell)
         lines.append(f"| {task} | {method} | {len(keys)} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
     print(f"{len(shared)} runs in both; {len(new) - len(shared)} only in {args.new}", file=sys.stderr)

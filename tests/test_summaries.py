@@ -68,6 +68,11 @@ def test_compare_reports_equal_and_differing_runs_and_strict_fails_on_a_differen
     assert same.returncode == 0 and "| majority3 | mask | 8 | 8/8, 0 |" in same.stdout
     differ = main("experiments.compare", str(tmp_path / "old"), str(tmp_path / "new"), "--keys=acc_all", "--strict")
     assert differ.returncode == 1 and "| majority3 | mask | 8 | 7/8, 0.5 |" in differ.stdout
+    older = [{k: v for k, v in r.items() if not (k == "acc_all" and r["seed"] < 3)} for r in RECORDS]
+    write(tmp_path / "older", older)
+    lacking = main("experiments.compare", str(tmp_path / "older"), str(tmp_path / "old"), "--keys=acc_all", "--strict")
+    assert lacking.returncode == 0, lacking.stderr
+    assert "| majority3 | mask | 8 | 5/5, 0; 3 without it (older records) |" in lacking.stdout
 
 
 def test_persistence_pairs_each_run_with_the_mask_of_the_same_seed(main, tmp_path):
