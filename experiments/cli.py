@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskjax import report
+from maskjax import report, runtime
 from maskjax.errors import ConfigError
 from maskjax.sweep import RunControl
 
@@ -23,7 +23,29 @@ class UserError(ConfigError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line instead of a usage block."""
+    """argparse that reports a bad flag in one line instead of a usage block. Every CLI built on it takes
+    the runtime flags (--cpu-devices, --compile-cache), applied as soon as the command line is parsed,
+    before JAX starts its backends (`maskjax.runtime`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        group = self.add_argument_group("runtime")
+        group.add_argument(
+            "--cpu-devices",
+            type=positive_int,
+            help="XLA devices on a CPU, over which the runs are sharded (default: one per core, at most "
+            f"{runtime.MAX_DEFAULT_CPU_DEVICES}; env MASKJAX_CPU_DEVICES; 1 turns it off)",
+        )
+        group.add_argument(
+            "--compile-cache",
+            help=f"folder of JAX's persistent compilation cache, or 'off' (default {runtime.default_cache_dir()}; "
+            "env MASKJAX_COMPILE_CACHE)",
+        )
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        runtime.configure(parsed.cpu_devices, parsed.compile_cache)
+        return parsed, rest
 
     def error(self, message: str) -> None:
         raise UserError(message)

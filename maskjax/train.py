@@ -255,18 +255,19 @@ def train(
     """
     n_train = jax.tree.leaves(data)[0].shape[1 if data_per_run else 0]
     program = compile_program(init_run, loss, n_train, config, data_per_run, augment)
-    data = shard_runs(data) if data_per_run else replicate(data)
-    measure = jax.jit(jax.vmap(probe)) if probe is not None else None
     n_runs = len(run_keys)
+    mesh = runs_mesh(n_runs)
+    data = shard_runs(data, mesh) if data_per_run else replicate(data, mesh)
+    measure = jax.jit(jax.vmap(probe)) if probe is not None else None
 
     def runs(tree: PyTree) -> PyTree:
-        """The real runs, without the padding `shard_runs` added for this device count."""
+        """The real runs, without the padding `shard_runs` added for this mesh."""
         return jax.tree.map(lambda a: a[:n_runs], tree)
 
     say = log if log is not None else (lambda message: None)
     clock = time.time()
-    say(f"{label} compiling and initialising {n_runs} runs on {jax.device_count()} device(s)")
-    initial = program.init(*shard_runs((run_keys, *run_inputs)))
+    say(f"{label} compiling and initialising {n_runs} runs on {mesh.size} device(s)")
+    initial = init_runs(program, run_keys, run_inputs, mesh)
     state, first_step = jax.tree.map(jnp.copy, initial), 0
     history: dict[str, list[np.ndarray]] = {"loss": []}
     if measure is not None:
@@ -276,7 +277,7 @@ def train(
         found = checkpoints.restore_latest(runs(initial), log)
         if found is not None:
             first_step, restored, done = found
-            state = shard_runs(restored)
+            state = shard_runs(restored, mesh)
             history = {name: [done[name]] for name in history}
             say(f"{label} resumed at step {first_step}/{config.steps}")
     say(f"{label} initialised in {time.time() - clock:.1f}s; training steps {first_step}..{config.steps}")
@@ -306,18 +307,31 @@ def train(
     )
 
 
-def runs_mesh() -> jax.sharding.Mesh:
-    """A 1-D mesh over every device (of every host), its axis named `runs`."""
-    return jax.sharding.Mesh(np.asarray(jax.devices()), ("runs",))
+def init_runs(program: Program, run_keys: jax.Array, run_inputs: tuple, mesh: jax.sharding.Mesh) -> RunState:
+    """The runs' stacked initial state, every leaf sharded over the mesh. Leaves that do not depend on the run
+    (a LayerNorm's ones) come out of init replicated; left so, the chunk program would compile once for
+    them and again for the sharded state its first call returns."""
+    return shard_runs(program.init(*shard_runs((run_keys, *run_inputs), mesh)), mesh)
 
 
-def shard_runs(tree: PyTree) -> PyTree:
-    """Pad the leading runs axis to a multiple of the device count and shard it over `runs_mesh()`.
+def runs_mesh(n_runs: int | None = None) -> jax.sharding.Mesh:
+    """A 1-D mesh named `runs`: over every device of every host, or, for n_runs on one host's CPU, over
+    the most devices that split the runs evenly. CPU devices share the host's cores, so a run padded in
+    to fill a device costs as much as a real one; elsewhere a padded run costs nothing."""
+    devices = jax.devices()
+    if n_runs is not None and jax.process_count() == 1 and devices[0].platform == "cpu":
+        devices = devices[: max(d for d in range(1, len(devices) + 1) if n_runs % d == 0)]
+    return jax.sharding.Mesh(np.asarray(devices), ("runs",))
+
+
+def shard_runs(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTree:
+    """Pad the leading runs axis to a multiple of the mesh's size and shard it over the mesh
+    (default `runs_mesh` for these runs).
 
     Padding repeats the last run; `train` drops the padded runs from what it returns.
     """
-    mesh = runs_mesh()
     n_runs = len(jax.tree.leaves(tree)[0])
+    mesh = mesh if mesh is not None else runs_mesh(n_runs)
     pad = -n_runs % mesh.size
 
     def pad_and_put(a: jax.Array) -> jax.Array:
@@ -328,10 +342,11 @@ def shard_runs(tree: PyTree) -> PyTree:
     return jax.tree.map(pad_and_put, tree)
 
 
-def replicate(tree: PyTree) -> PyTree:
-    """Every leaf as one global array replicated on every device of `runs_mesh()`, so data shared by all runs
-    enters the sharded programs as a global array on every host (each process passes the same values)."""
-    sharding = jax.sharding.NamedSharding(runs_mesh(), jax.sharding.PartitionSpec())
+def replicate(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTree:
+    """Every leaf as one global array replicated on every device of the mesh (default: every device), so data
+    shared by all runs enters the sharded programs as a global array on every host (each process passes the
+    same values)."""
+    sharding = jax.sharding.NamedSharding(mesh if mesh is not None else runs_mesh(), jax.sharding.PartitionSpec())
 
     def put(leaf: jax.Array | np.ndarray) -> jax.Array:
         host = np.asarray(leaf)

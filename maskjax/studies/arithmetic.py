@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -110,23 +111,27 @@ def run_data(task: ar.ArithmeticTask, fraction: float, seed: int, eval_size: int
     return ar.sequences(task, a[train_idx], b[train_idx]), ar.sequences(task, a[pick], b[pick])
 
 
-def run_batch(
-    task: ar.ArithmeticTask,
-    method: Method,
-    fraction: float,
-    seeds: Sequence[int],
-    config: ArithmeticConfig,
-    log: Callable[[str], None] | None = None,
-    checkpoints: SweepCheckpoints | None = None,
-    resume: bool = False,
-) -> list[dict]:
-    """Train (op, fraction, method) for every seed as one vmapped batch; one record per seed."""
+class Batch(NamedTuple):
+    """What `train` needs for one (op, fraction, method) batch; each run trains on its own subset."""
+
+    model: CausalTransformer
+    init_run: Callable
+    loss: Callable
+    run_keys: jax.Array
+    data: jax.Array
+    eval_data: jax.Array
+    train_config: TrainConfig
+
+
+def make_batch(
+    task: ar.ArithmeticTask, method: Method, fraction: float, seeds: Sequence[int], config: ArithmeticConfig
+) -> Batch:
+    """The one-run init and loss of (op, fraction, method), and every seed's key, training and evaluation
+    sequences."""
     prior = mask_logits(task, method, config)
     per_seed = [run_data(task, fraction, seed, config.eval_size) for seed in seeds]
     train_BNL = jnp.asarray(np.stack([d[0] for d in per_seed]))
     eval_BNL = jnp.asarray(np.stack([d[1] for d in per_seed]))
-    n_train = train_BNL.shape[1]
-    train_config = config.train_config(n_train)
     model = make_model(task, method, config)
     open_HNN = jnp.broadcast_to(
         jnp.asarray(ar.place_value_pattern(task), jnp.float32), (config.model.heads, *prior.shape)
@@ -145,13 +150,31 @@ def run_batch(
     def loss(params, constants, tokens_BL):
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
 
+    train_config = config.train_config(train_BNL.shape[1])
+    return Batch(model, init_run, loss, sweep.seed_keys(seeds), train_BNL, eval_BNL, train_config)
+
+
+def run_batch(
+    task: ar.ArithmeticTask,
+    method: Method,
+    fraction: float,
+    seeds: Sequence[int],
+    config: ArithmeticConfig,
+    log: Callable[[str], None] | None = None,
+    checkpoints: SweepCheckpoints | None = None,
+    resume: bool = False,
+) -> list[dict]:
+    """Train (op, fraction, method) for every seed as one vmapped batch; one record per seed."""
+    batch = make_batch(task, method, fraction, seeds, config)
+    model, train_config, eval_BNL = batch.model, batch.train_config, batch.eval_data
+    n_train = batch.data.shape[1]
     started = time.time()
     trained = train(
-        init_run,
-        loss,
-        sweep.seed_keys(seeds),
+        batch.init_run,
+        batch.loss,
+        batch.run_keys,
         (),
-        train_BNL,
+        batch.data,
         train_config,
         log,
         label=f"{task.op} {fraction:g} {method.name}",

@@ -1,0 +1,446 @@
+"""One training step of any study, timed: python -m benchmarks.step --study=boolean|arithmetic|vision|language
+
+For each number of seeds S the batch of S runs is the study's own program (`make_batch`, then
+`maskjax.train.compile_program`: `vmap` over runs, `lax.fori_loop` chunks, donated state), laid on the
+runs mesh `train` would use. Printed per S: seconds per step, seed-steps per second and their ratio to S
+seeds one after another, XLA's FLOP count of one step, GFLOP/s and its share of an fp32 matmul peak
+measured in the same process. With torch installed (the `bench` extra) the same model and optimizer in
+eager PyTorch, one seed, is timed in the same process. `--cpu-devices=1,2` times each count in its own
+process (JAX fixes the count at start) and `--workers=2` times two processes at once, each with half the
+seeds: the ways of using a CPU's cores that docs/performance.md compares. Data is random, of the
+study's shapes: a step's cost does not depend on its values. Prints tables, then one JSON line;
+measures, never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.cli import Parser, name_list, positive_int, run_main
+from maskjax import report
+from maskjax.errors import ConfigError
+from maskjax.methods import get_method
+from maskjax.train import (
+    Augment,
+    InitRun,
+    Loss,
+    TrainConfig,
+    compile_program,
+    init_runs,
+    replicate,
+    runs_mesh,
+    shard_runs,
+)
+
+STUDIES = ("boolean", "arithmetic", "vision", "language")
+
+
+class Batch(NamedTuple):
+    """What `compile_program` and `train` take for one batch of runs, whatever the study."""
+
+    init_run: InitRun
+    loss: Loss
+    run_inputs: tuple[jax.Array, ...]
+    run_keys: jax.Array
+    data: Any
+    data_per_run: bool
+    augment: Augment | None
+    train_config: TrainConfig
+
+
+class Study(NamedTuple):
+    """A study at one preset: what it is, its batch of S seeds, and its PyTorch peer's seconds per step
+    (steps, repeats) -> float, None where it has none."""
+
+    describe: str
+    batch: Callable[[list[int]], Batch]
+    torch_seconds: Callable[[int, int], float] | None
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in name_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def with_dtype(config: Any, dtype: str) -> Any:
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+
+
+def dims(model: Any) -> tuple[int, int, int, int, int]:
+    return model.dim, model.depth, model.heads, model.head_dim, model.mlp_dim
+
+
+def boolean_study(preset: str, method_name: str, dtype: str) -> Study:
+    from benchmarks import torch_gotu
+    from maskjax.studies import boolean
+    from maskjax.tasks.boolean import get_task
+
+    config, task, method = with_dtype(boolean.get_preset(preset), dtype), get_task("2parity"), get_method(method_name)
+
+    def batch(seeds: list[int]) -> Batch:
+        b = boolean.make_batch(task, method, seeds, config)
+        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+
+    def torch_seconds(steps: int, repeats: int) -> float:
+        return torch_gotu.time_steps(task.n_bits, dims(config.model), config.batch_size, steps, repeats)
+
+    m = config.model
+    return Study(
+        f"2Parity ({task.n_bits} bits), GOTU {m.dim} x {m.depth}, batch {config.batch_size}", batch, torch_seconds
+    )
+
+
+def arithmetic_study(preset: str, method_name: str, dtype: str) -> Study:
+    from benchmarks import torch_peers
+    from maskjax.studies import arithmetic
+    from maskjax.tasks import arithmetic as ar
+
+    config, method = with_dtype(arithmetic.get_preset(preset), dtype), get_method(method_name)
+    task, fraction = ar.ArithmeticTask("mul", config.answer_format), 0.03
+
+    def batch(seeds: list[int]) -> Batch:
+        b = arithmetic.make_batch(task, method, fraction, seeds, config)
+        return Batch(b.init_run, b.loss, (), b.run_keys, b.data, True, None, b.train_config)
+
+    def torch_seconds(steps: int, repeats: int) -> float:
+        return torch_peers.time_arithmetic_steps(
+            ar.VOCAB,
+            task.length,
+            ar.PROMPT,
+            dims(config.model),
+            config.batch_size,
+            steps,
+            repeats,
+            config.learning_rate,
+            config.weight_decay,
+        )
+
+    m = config.model
+    describe = f"multiplication at {fraction:g}, causal {m.dim} x {m.depth}, length {task.length}"
+    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+
+
+def vision_study(preset: str, method_name: str, dtype: str) -> Study:
+    from benchmarks import torch_peers
+    from maskjax.data.images import ImageData
+    from maskjax.studies import vision
+
+    config, method = with_dtype(vision.get_preset(preset), dtype), get_method(method_name)
+    shape, n_train = ((28, 28, 1), 60_000) if preset != "paper" else ((32, 32, 3), 50_000)
+    rng = np.random.default_rng(0)
+    data = ImageData(
+        "fashion_mnist" if shape[-1] == 1 else "cifar10",
+        rng.integers(0, 256, (n_train, *shape), dtype=np.uint8),
+        rng.integers(0, 10, n_train).astype(np.int32),
+        rng.integers(0, 256, (16, *shape), dtype=np.uint8),
+        rng.integers(0, 10, 16).astype(np.int32),
+        10,
+    )
+    task = vision.make_task(data, config)
+
+    def batch(seeds: list[int]) -> Batch:
+        b = vision.make_batch(data, method, 1.0, seeds, config)
+        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, b.data_per_run, b.augment, b.train_config)
+
+    def torch_seconds(steps: int, repeats: int) -> float:
+        return torch_peers.time_vision_steps(
+            shape,
+            10,
+            config.patch_size,
+            dims(config.model),
+            config.batch_size,
+            steps,
+            repeats,
+            config.crop_pad,
+            task.flip,
+            config.learning_rate,
+            config.weight_decay,
+            config.clip_norm,
+        )
+
+    m, grid = config.model, shape[0] // config.patch_size
+    describe = f"{data.name}-shaped images, ViT {m.dim} x {m.depth}, {grid * grid} patches"
+    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+
+
+def language_study(preset: str, method_name: str, dtype: str) -> Study:
+    from benchmarks import torch_peers
+    from maskjax.studies import language
+
+    config, method = with_dtype(language.get_preset(preset), dtype), get_method(method_name)
+    windows = np.random.default_rng(0).integers(0, config.vocab_size, (512, config.context + 1)).astype(np.int32)
+    weights = np.ones((512, config.context), np.float32)
+    data = language.LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
+
+    def batch(seeds: list[int]) -> Batch:
+        b = language.make_batch(data, method, seeds, config)
+        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+
+    def torch_seconds(steps: int, repeats: int) -> float:
+        return torch_peers.time_language_steps(
+            config.vocab_size,
+            config.context,
+            dims(config.model),
+            config.batch_size,
+            steps,
+            repeats,
+            config.learning_rate,
+            config.weight_decay,
+            config.clip_norm,
+        )
+
+    m = config.model
+    describe = f"causal LM {m.dim} x {m.depth}, context {config.context}, vocab {config.vocab_size}"
+    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+
+
+STUDY_BUILDERS = {
+    "boolean": boolean_study,
+    "arithmetic": arithmetic_study,
+    "vision": vision_study,
+    "language": language_study,
+}
+DEFAULT_STEPS = {"boolean": 50, "arithmetic": 50, "vision": 20, "language": 10}
+
+
+def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of one jitted size x size matmul in this process."""
+    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
+    matmul = jax.jit(lambda a, b: a @ b)
+    matmul(a, a).block_until_ready()
+    best = np.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best
+
+
+def seconds_per_step(chunk, state, data, steps: int, repeats: int) -> float:
+    """The best of `repeats` timed chunks of `steps` steps, after one untimed chunk (compilation, warm-up)."""
+    state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
+    jax.block_until_ready(losses)
+    best = np.inf
+    for r in range(repeats):
+        started = time.perf_counter()
+        state, losses = chunk(state, data, jnp.asarray((r + 1) * steps), jnp.asarray(steps))
+        jax.block_until_ready(losses)
+        best = min(best, (time.perf_counter() - started) / steps)
+    return float(best)
+
+
+def cost(compiled) -> dict:
+    analysis = compiled.cost_analysis()
+    return analysis[0] if isinstance(analysis, list) else analysis
+
+
+def time_batch(batch: Batch, steps: int, repeats: int) -> dict:
+    """Seconds per step of one batch of runs on the mesh `train` would give it, with XLA's FLOP and memory
+    counts of one step."""
+    n_runs = len(batch.run_keys)
+    train_config = dataclasses.replace(batch.train_config, chunk_steps=steps)
+    n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
+    program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
+    mesh = runs_mesh(n_runs)
+    data = shard_runs(batch.data, mesh) if batch.data_per_run else replicate(batch.data, mesh)
+    state = init_runs(program, batch.run_keys, batch.run_inputs, mesh)
+    step = program.step.lower(state, data, jnp.asarray(0)).compile()
+    chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
+    seconds = seconds_per_step(chunk, state, data, steps, repeats)
+    memory = chunk.memory_analysis()
+    flops = float(cost(step)["flops"]) * mesh.size  # XLA counts one device's share
+    return {
+        "seeds": n_runs,
+        "devices": mesh.size,
+        "step_seconds": seconds,
+        "seed_steps_per_s": n_runs / seconds,
+        "flops_per_step": flops,
+        "flops_per_s": flops / seconds,
+        "xla_memory_bytes": int(memory.argument_size_in_bytes + memory.temp_size_in_bytes) if memory else None,
+    }
+
+
+def peak_memory_bytes() -> int:
+    """The accelerator's peak bytes in use where it reports them, else this process's peak RSS."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return int(stats["peak_bytes_in_use"])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def table(rows: list[dict], peak: float, torch_seconds: float | None) -> str:
+    """One row per (way, seeds): time, throughput against one seed of the same way and against torch."""
+    lines = [
+        "| way | seeds | s/step | seed-steps/s | vs 1 seed sequential | vs torch | GFLOP/step | GFLOP/s | of peak |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    single = [r["seed_steps_per_s"] for r in rows if r["seeds"] == 1]
+    one_device = [r["seed_steps_per_s"] for r in rows if r["seeds"] == 1 and r["way"] == way_name(1)]
+    baseline = (one_device or single or [None])[0]
+    for r in rows:
+        versus = f"{r['seed_steps_per_s'] / baseline:.2f}x" if baseline else "-"
+        torch = f"{r['seed_steps_per_s'] * torch_seconds:.2f}x" if torch_seconds else "-"
+        lines.append(
+            f"| {r['way']} | {r['seeds']} | {r['step_seconds']:.4g} | {r['seed_steps_per_s']:.1f} | {versus} | {torch} "
+            f"| {r['flops_per_step'] / 1e9:.3f} | {r['flops_per_s'] / 1e9:.1f} | {r['flops_per_s'] / peak:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def way_name(devices: int) -> str:
+    return f"{devices} device{'s' if devices > 1 else ''}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = Parser(prog="python -m benchmarks.step", description=__doc__.splitlines()[0])
+    p.add_argument("--study", required=True, choices=STUDIES, help="whose step to time")
+    p.add_argument("--preset", default="quick", help="a preset of the study (default quick)")
+    p.add_argument("--method", default="vanilla", help="method whose step is timed (default vanilla)")
+    p.add_argument("--seeds", type=int_list, default=[1, 4, 8], help="batch sizes in runs (default 1,4,8)")
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        help="steps per timed chunk (default: boolean/arithmetic 50, vision 20, language 10)",
+    )
+    p.add_argument("--repeats", type=positive_int, default=3, help="timed chunks; the best is kept (default 3)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="matmul dtype")
+    p.add_argument(
+        "--compare",
+        type=int_list,
+        metavar="N,...",
+        help="time each CPU device count N in its own process (e.g. 1,2), the runs sharded over them",
+    )
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        help="also time this many processes at once, one device each, each with 1/W of the seeds",
+    )
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager peer")
+    p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.workers and all(s % args.workers for s in args.seeds):
+        raise ConfigError(f"--workers={args.workers} divides none of the --seeds counts {args.seeds}")
+    return args
+
+
+def child(args: argparse.Namespace, seeds: list[int], devices: int) -> subprocess.Popen:
+    """This benchmark in a new process with `devices` CPU devices, printing only its JSON line."""
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.step",
+        f"--study={args.study}",
+        f"--preset={args.preset}",
+        f"--method={args.method}",
+        f"--seeds={','.join(map(str, seeds))}",
+        f"--steps={args.steps}",
+        f"--repeats={args.repeats}",
+        f"--dtype={args.dtype}",
+        f"--cpu-devices={devices}",
+        "--no-torch",
+        "--json-only",
+    ]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+
+
+def collect(process: subprocess.Popen) -> dict:
+    out, _ = process.communicate()
+    if process.returncode:
+        raise RuntimeError(f"benchmark process failed with exit code {process.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.steps = args.steps or DEFAULT_STEPS[args.study]
+    study = STUDY_BUILDERS[args.study](args.preset, args.method, args.dtype)
+    env = report.environment()
+    say = (lambda message: None) if args.json_only else (lambda message: print(message, file=sys.stderr, flush=True))
+    say(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}")
+    peak = matmul_peak()
+    say(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    say(
+        f"{args.study} {args.preset}: {study.describe}; {args.method}, {args.dtype}; "
+        f"{args.steps} steps x {args.repeats}"
+    )
+    rows = []
+    if args.compare:
+        for devices in args.compare:
+            for row in collect(child(args, args.seeds, devices))["rows"]:
+                rows.append({**row, "way": way_name(devices)})
+                say(f"  {rows[-1]['way']}, {row['seeds']} seeds: {row['step_seconds']:.4g} s/step")
+    else:
+        for seeds in args.seeds:
+            row = time_batch(study.batch(list(range(seeds))), args.steps, args.repeats)
+            rows.append({"way": way_name(jax.device_count()), **row})
+            say(
+                f"  {seeds} seeds: {row['step_seconds']:.4g} s/step "
+                f"on {row['devices']} of {jax.device_count()} device(s)"
+            )
+    if args.workers:
+        for seeds in [s for s in args.seeds if s % args.workers == 0]:
+            share = seeds // args.workers
+            processes = [child(args, list(range(w * share, (w + 1) * share)), 1) for w in range(args.workers)]
+            parts = [collect(p)["rows"][0] for p in processes]
+            slowest = max(p["step_seconds"] for p in parts)
+            rows.append(
+                {
+                    "way": f"{args.workers} processes",
+                    "seeds": seeds,
+                    "devices": args.workers,
+                    "step_seconds": slowest,
+                    "seed_steps_per_s": sum(p["seed_steps_per_s"] for p in parts),
+                    "flops_per_step": sum(p["flops_per_step"] for p in parts),
+                    "flops_per_s": sum(p["flops_per_s"] for p in parts),
+                }
+            )
+            say(f"  {args.workers} processes, {seeds} seeds: {slowest:.4g} s/step")
+    torch_seconds = None
+    result = {
+        "study": args.study,
+        "preset": args.preset,
+        "method": args.method,
+        "dtype": args.dtype,
+        "matmul_peak_flops": peak,
+        "rows": rows,
+        **env,
+    }
+    if not args.no_torch and study.torch_seconds is not None and torch_version() is not None:
+        torch_seconds = study.torch_seconds(args.steps, args.repeats)
+        result["torch"] = {"version": torch_version(), "step_seconds": torch_seconds}
+        say(f"  torch eager, 1 seed: {torch_seconds:.4g} s/step")
+    result["peak_memory_bytes"] = peak_memory_bytes()
+    if not args.json_only:
+        torch_line = f"; torch {torch_version()} eager, one seed: {torch_seconds:.4g} s/step" if torch_seconds else ""
+        print(f"\n## {args.study} {args.preset} ({study.describe}; {args.method}, {args.dtype})\n")
+        print(f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s{torch_line}\n")
+        print(table(rows, peak, torch_seconds))
+    print(json.dumps(result))
+    return 0
+
+
+def torch_version() -> str | None:
+    from benchmarks import torch_gotu
+
+    return torch_gotu.version()
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
