@@ -341,7 +341,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def child(args: argparse.Namespace, seeds: list[int], devices: int) -> subprocess.Popen:
-    """This benchmark in a new process with `devices` CPU devices, printing only its JSON line."""
+    """This benchmark in a new process with `devices` CPU devices, timing batches of `seeds` runs and printing
+    only its JSON line."""
     argv = [
         sys.executable,
         "-m",
@@ -397,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers:
         for seeds in [s for s in args.seeds if s % args.workers == 0]:
             share = seeds // args.workers
-            processes = [child(args, list(range(w * share, (w + 1) * share)), 1) for w in range(args.workers)]
+            processes = [child(args, [share], 1) for _ in range(args.workers)]
             parts = [collect(p)["rows"][0] for p in processes]
             slowest = max(p["step_seconds"] for p in parts)
             rows.append(
