@@ -15,7 +15,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from benchmarks.train_step import int_list
+from benchmarks.step import int_list
 from experiments.cli import Parser, positive_int, run_main
 from maskjax.attention import MaskedSelfAttention
 

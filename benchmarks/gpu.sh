@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One prepared accelerator check (about 6-7 minutes on one H200): the train-step benchmarks at both
-# presets, then the paper preset of 2Parity with 8 seeds (vanilla and mask). Output goes to
-# ${OUT:-docs/gpu}; commit it with the device named. Usage: bash benchmarks/gpu.sh
+# One prepared accelerator check: `benchmarks.step` for every study at its quick preset (fp32) and its paper
+# preset (fp32 and bf16), twelve runs of at most 100 s each (not yet timed on a GPU), then the attention
+# kernels in bf16; no PyTorch peer (it would time the host's CPU). Output goes
+# to ${OUT:-docs/gpu}; commit it with the device named. Usage: bash benchmarks/gpu.sh
+# CLI_RUN=1 adds the paper preset of 2Parity with 8 seeds through the CLI (vanilla and mask, about 4 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-docs/gpu}"
@@ -11,13 +13,19 @@ py="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/device.txt"
 "$py" -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$out/device.txt"
-timeout 120 "$py" -m benchmarks.train_step --preset=quick --seeds=1,8,64 --steps=100 --no-torch | tee "$out/train_step_quick.txt"
-timeout 120 "$py" -m benchmarks.train_step --preset=paper --seeds=1,8 --steps=10 --no-torch | tee "$out/train_step_paper.txt"
-timeout 60 "$py" -m benchmarks.train_step --preset=paper --seeds=8 --steps=10 --dtype=bfloat16 --no-torch \
-    | tee "$out/train_step_paper_bf16.txt"
+for study in boolean arithmetic vision language; do
+    timeout 100 "$py" -m benchmarks.step --study="$study" --preset=quick --seeds=1,8,64 --steps=50 --no-torch \
+        | tee "$out/step_${study}_quick.txt" || echo "step $study quick: exit $?" | tee -a "$out/failures.txt"
+    for dtype in float32 bfloat16; do
+        timeout 100 "$py" -m benchmarks.step --study="$study" --preset=paper --seeds=1,8 --steps=10 --dtype="$dtype" --no-torch \
+            | tee "$out/step_${study}_paper_${dtype}.txt" || echo "step $study paper $dtype: exit $?" | tee -a "$out/failures.txt"
+    done
+done
 timeout 60 "$py" -m benchmarks.attention_impl --dtype=bfloat16 | tee "$out/attention_impl_bf16.txt"
-timeout 240 "$py" -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
-    --out="$out/boolean_paper_2parity" 2>&1 | tee "$out/boolean_paper_2parity.log"
+if [ "${CLI_RUN:-}" = 1 ]; then
+    timeout 240 "$py" -m experiments.boolean --preset=paper --seeds=8 --tasks=2parity --methods=vanilla,mask \
+        --out="$out/boolean_paper_2parity" 2>&1 | tee "$out/boolean_paper_2parity.log"
+fi
 # The paper's Table 1 with 8 seeds (issue 16): every task, vanilla, mask, mask_fixed and both QK priors at
 # the paper preset. About 130k seed-steps of 160 GFLOP each per method: hours even on an H200, so it runs
 # only when asked (PAPER_TABLE=1), alone, checkpointed; rerun the same line with --resume after a stop.

@@ -233,17 +233,30 @@ def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> f
     return 2 * size**3 / best
 
 
-def seconds_per_step(chunk, state, data, steps: int, repeats: int) -> float:
-    """The best of `repeats` timed chunks of `steps` steps, after one untimed chunk (compilation, warm-up)."""
+def seconds_per_step(chunk, state, data, steps: int, repeats: int, chunk_steps: int | None = None) -> float:
+    """The best of `repeats` timed chunks of `steps` steps, after one untimed chunk (compilation, warm-up).
+
+    With chunk_steps, what a chunk costs besides its steps (drawing its epochs' example orders, a sort
+    per epoch; the call itself), timed on empty chunks, is spread over chunk_steps steps as training
+    spreads it, not over the `steps` timed here."""
+
+    def best_of(n_steps: int) -> float:
+        nonlocal state
+        best, start = np.inf, 0
+        for _ in range(repeats):
+            started = time.perf_counter()
+            state, losses = chunk(state, data, jnp.asarray(start), jnp.asarray(n_steps))
+            jax.block_until_ready(losses)
+            best, start = min(best, time.perf_counter() - started), start + n_steps
+        return best
+
     state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
     jax.block_until_ready(losses)
-    best = np.inf
-    for r in range(repeats):
-        started = time.perf_counter()
-        state, losses = chunk(state, data, jnp.asarray((r + 1) * steps), jnp.asarray(steps))
-        jax.block_until_ready(losses)
-        best = min(best, (time.perf_counter() - started) / steps)
-    return float(best)
+    timed = best_of(steps)
+    if chunk_steps is None:
+        return float(timed / steps)
+    overhead = best_of(0)
+    return float((timed - overhead) / steps + overhead / chunk_steps)
 
 
 def cost(compiled) -> dict:
@@ -252,10 +265,11 @@ def cost(compiled) -> dict:
 
 
 def time_batch(batch: Batch, steps: int, repeats: int) -> dict:
-    """Seconds per step of one batch of runs on the mesh `train` would give it, with XLA's FLOP and memory
-    counts of one step."""
+    """Seconds per step of one batch of runs on the mesh `train` would give it, in chunks of the study's own
+    length (`seconds_per_step`), with XLA's FLOP and memory counts of one step."""
     n_runs = len(batch.run_keys)
-    train_config = dataclasses.replace(batch.train_config, chunk_steps=steps)
+    train_config = batch.train_config
+    steps = min(steps, train_config.chunk_steps)
     n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
     program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
     mesh = runs_mesh(n_runs)
@@ -263,7 +277,7 @@ def time_batch(batch: Batch, steps: int, repeats: int) -> dict:
     state = init_runs(program, batch.run_keys, batch.run_inputs, mesh)
     step = program.step.lower(state, data, jnp.asarray(0)).compile()
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
-    seconds = seconds_per_step(chunk, state, data, steps, repeats)
+    seconds = seconds_per_step(chunk, state, data, steps, repeats, train_config.chunk_steps)
     memory = chunk.memory_analysis()
     flops = float(cost(step)["flops"]) * mesh.size  # XLA counts one device's share
     return {

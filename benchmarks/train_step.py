@@ -1,12 +1,13 @@
 """Train-step speed of the Boolean study: python -m benchmarks.train_step [--preset=quick|paper] [--seeds=1,2,4,8]
 
-For each number of seeds S, the whole batch of S runs trains as one vmapped, jitted program (the
-study's own `compile_program`). Printed per S: seconds per step, seed-steps per second batched and
-its ratio to S seeds run one after another, achieved FLOP/s (FLOPs from XLA's cost analysis of the
-compiled step) as a fraction of an fp32 matmul peak measured in the same process, and XLA's memory
-estimate. With --depths or --bits the same is measured for one S across model depths or input bits.
-With torch installed (the `bench` extra), the PyTorch eager peer is timed on the same steps.
-Prints tables, then one JSON line. Measures, never asserts.
+`python -m benchmarks.step --study=boolean` times the same step beside the other studies; this one adds
+the Boolean sweeps over depth and input bits. For each number of seeds S, the whole batch of S runs
+trains as one vmapped, jitted program (the study's own `compile_program`). Printed per S: seconds per
+step, seed-steps per second batched and its ratio to S seeds run one after another, achieved FLOP/s
+(FLOPs from XLA's cost analysis of the compiled step) as a fraction of an fp32 matmul peak measured in
+the same process, and XLA's memory estimate. With --depths or --bits the same is measured for one S
+across model depths or input bits. With torch installed (the `bench` extra), the PyTorch eager peer is
+timed on the same steps. Prints tables, then one JSON line. Measures, never asserts.
 """
 
 from __future__ import annotations
@@ -14,31 +15,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import resource
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from benchmarks import torch_gotu
-from experiments.cli import Parser, name_list, positive_int, run_main
+from benchmarks import step, torch_gotu
+from benchmarks.step import int_list
+from experiments.cli import Parser, positive_int, run_main
 from maskjax import report
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task, two_parity
-from maskjax.train import compile_program, shard_runs
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(t) for t in name_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
-    return values
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,62 +40,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of one jitted size x size matmul in this process."""
-    a = jax.random.normal(jax.random.key(0), (size, size), dtype)
-    matmul = jax.jit(lambda a, b: a @ b)
-    matmul(a, a).block_until_ready()
-    best = np.inf
-    for _ in range(repeats):
-        started = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - started)
-    return 2 * size**3 / best
-
-
-def seconds_per_step(chunk, state, data, steps: int, repeats: int) -> float:
-    """The best of `repeats` timed chunks of `steps` steps, after one untimed chunk (compilation, warm-up)."""
-    state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
-    jax.block_until_ready(losses)
-    best = np.inf
-    for r in range(repeats):
-        started = time.perf_counter()
-        state, losses = chunk(state, data, jnp.asarray((r + 1) * steps), jnp.asarray(steps))
-        jax.block_until_ready(losses)
-        best = min(best, (time.perf_counter() - started) / steps)
-    return float(best)
-
-
 def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int, repeats: int) -> dict:
-    """Seconds per step of `seeds` runs trained as one batch, with XLA's FLOP and memory counts."""
-    batch = study.make_batch(task, method, list(range(seeds)), config)
-    train_config = dataclasses.replace(batch.train_config, chunk_steps=steps)
-    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], train_config)
-    state = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
-    step = program.step.lower(state, batch.data, jnp.asarray(0)).compile()
-    n_steps = jnp.asarray(steps)
-    chunk = program.chunk.lower(state, batch.data, jnp.asarray(0), n_steps).compile()
-    best = seconds_per_step(chunk, state, batch.data, steps, repeats)
-    memory = chunk.memory_analysis()
-    return {
-        "seeds": seeds,
-        "step_seconds": best,
-        "flops_per_step": float(cost(step)["flops"]),
-        "xla_memory_bytes": int(memory.argument_size_in_bytes + memory.temp_size_in_bytes) if memory else None,
-    }
-
-
-def cost(compiled) -> dict:
-    analysis = compiled.cost_analysis()
-    return analysis[0] if isinstance(analysis, list) else analysis
-
-
-def peak_memory_bytes() -> int:
-    """The accelerator's peak bytes in use where it reports them, else this process's peak RSS."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        return int(stats["peak_bytes_in_use"])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Seconds per step of `seeds` runs of (task, method) trained as one batch, with XLA's FLOP and memory counts."""
+    b = study.make_batch(task, method, list(range(seeds)), config)
+    batch = step.Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+    return step.time_batch(batch, steps, repeats)
 
 
 def table(rows: list[dict], first: str, peak: float) -> str:
@@ -131,12 +65,6 @@ def versus(row: dict) -> str:
     return f"{row['vs_sequential']:.2f}x" if "vs_sequential" in row else "-"
 
 
-def finish(row: dict, seeds: int) -> dict:
-    row["seed_steps_per_s"] = seeds / row["step_seconds"]
-    row["flops_per_s"] = row["flops_per_step"] / row["step_seconds"]
-    return row
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     base = study.get_preset(args.preset)
@@ -145,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (3 if args.preset == "paper" else 50)
     env = report.environment()
     print(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}", file=sys.stderr)
-    peak = matmul_peak()
+    peak = step.matmul_peak()
     print(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)
     m = config.model
     print(
@@ -155,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     rows = []
     for seeds in args.seeds:
-        rows.append(finish(time_batch(config, task, method, seeds, steps, args.repeats), seeds))
+        rows.append(time_batch(config, task, method, seeds, steps, args.repeats))
         print(f"  {seeds} seeds: {rows[-1]['step_seconds']:.4g} s/step", file=sys.stderr)
     single = next((r for r in rows if r["seeds"] == 1), None)
     for r in rows:
@@ -168,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         depth_rows = []
         for depth in args.depths:
             deep = dataclasses.replace(config, model=dataclasses.replace(config.model, depth=depth))
-            depth_rows.append({"depth": depth, **finish(time_batch(deep, task, method, widest, steps, 2), widest)})
+            depth_rows.append({"depth": depth, **time_batch(deep, task, method, widest, steps, 2)})
         print(f"\n## Depth ({widest} seeds)\n\n" + table(depth_rows, "depth", peak))
         result["depths"] = depth_rows
     if args.bits:
@@ -176,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         for bits in args.bits:
             wide = dataclasses.replace(config, schedules={**config.schedules, f"2parity{bits}": (1e-5, 1)})
             row = time_batch(wide, two_parity(bits, f"2parity{bits}"), method, widest, steps, 2)
-            bit_rows.append({"bits": bits, **finish(row, widest)})
+            bit_rows.append({"bits": bits, **row})
         print(f"\n## Input bits ({widest} seeds)\n\n" + table(bit_rows, "bits", peak))
         result["bits"] = bit_rows
     if not args.no_torch and torch_gotu.version() is not None:
@@ -195,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             + (f"{result['torch']['one_seed_speedup']:.2f}x faster" if single else "not timed")
             + f"; maskjax best batch {result['torch']['batched_speedup']:.2f}x torch's seed-steps/s"
         )
-    result["peak_memory_bytes"] = peak_memory_bytes()
+    result["peak_memory_bytes"] = step.peak_memory_bytes()
     print(json.dumps(result))
     return 0
 

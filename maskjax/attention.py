@@ -259,6 +259,14 @@ def expand_mask(mask_logits: jax.Array | None, length: int) -> jax.Array | None:
     return toeplitz_logits(mask_logits, length, length)
 
 
+def split_qkv(qkv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q, k, v from one projection [..., 3, heads, head_dim]. A split, not three indexings: the gradient of a
+    split is one concatenation, where indexing pads each part to the whole and adds the three (the same
+    floats; 5-13% of a quick step, docs/performance.md)."""
+    q, k, v = (jnp.squeeze(part, -3) for part in jnp.split(qkv, 3, axis=-3))
+    return q, k, v
+
+
 def use_fused(attention_impl: AttentionImpl, sowing: bool) -> bool:
     if attention_impl not in ("auto", "einsum", "fused"):
         raise ConfigError(f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum' or 'fused'")
@@ -318,7 +326,7 @@ class MaskedSelfAttention(nn.Module):
         length, features = x_BLD.shape[-2], x_BLD.shape[-1]
         dense = {"kernel_init": self.kernel_init, "dtype": self.dtype, "param_dtype": self.param_dtype}
         qkv = nn.DenseGeneral((3, self.heads, self.head_dim), use_bias=False, name="qkv", **dense)(x_BLD)
-        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        q, k, v = split_qkv(qkv)
         if self.qk_norm:
             q = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="q_norm")(q)
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
@@ -389,7 +397,7 @@ class NNXMaskedSelfAttention(nnx.Module):
 
     def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None, *, sow_weights: bool = False) -> jax.Array:
         qkv = self.qkv(x_BLD)
-        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        q, k, v = split_qkv(qkv)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])

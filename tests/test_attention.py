@@ -239,3 +239,17 @@ def test_qk_norm_applies_layer_norm_to_queries_and_keys():
 
 def numpy_layer_norm(a):
     return (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)
+
+
+def test_split_qkv_gives_the_indexed_parts_and_their_gradient_bit_for_bit():
+    from maskjax.attention import split_qkv
+
+    qkv = jax.random.normal(jax.random.key(0), (2, 5, 3, 4, 8))
+    weights = jax.random.normal(jax.random.key(1), (3, 2, 5, 4, 8))
+
+    def loss(parts):
+        return lambda x: sum(jnp.sum(w * p) for w, p in zip(weights, parts(x), strict=True))
+
+    indexed = lambda x: (x[..., 0, :, :], x[..., 1, :, :], x[..., 2, :, :])  # noqa: E731
+    chex.assert_trees_all_equal(split_qkv(qkv), indexed(qkv))
+    chex.assert_trees_all_equal(jax.grad(loss(split_qkv))(qkv), jax.grad(loss(indexed))(qkv))

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 
 def test_train_step_benchmark_prints_tables_and_a_json_line(cli):
     result = cli(
@@ -28,10 +30,44 @@ def test_attention_impl_benchmark_prints_a_ratio_per_length(main):
     assert result.stdout.strip().splitlines()[-1].startswith("| 8 |")
 
 
-def test_language_step_benchmark_prints_a_row_per_method_and_batch(main):
+@pytest.mark.parametrize("study", ["boolean", "arithmetic", "vision", "language"])
+def test_step_benchmark_times_every_study(main, study):
     result = main(
-        "benchmarks.language_step", "--preset=test", "--seeds=1", "--methods=mask", "--steps=2", "--repeats=1"
+        "benchmarks.step", f"--study={study}", "--preset=test", "--seeds=1,2", "--steps=2", "--repeats=1", "--no-torch"
     )
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| mask |")]
-    assert len(rows) == 1 and float(rows[0].split("|")[3]) > 0
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["study"] == study and [r["seeds"] for r in summary["rows"]] == [1, 2]
+    for row in summary["rows"]:
+        assert row["step_seconds"] > 0 and row["flops_per_step"] > 0
+        assert row["seed_steps_per_s"] == pytest.approx(row["seeds"] / row["step_seconds"])
+    # Two runs cost twice one run's FLOPs, however many devices they are sharded over.
+    one, two = summary["rows"]
+    assert two["flops_per_step"] == pytest.approx(2 * one["flops_per_step"], rel=0.05)
+    assert "| way | seeds | s/step |" in result.stdout and summary["matmul_peak_flops"] > 0
+
+
+def test_step_benchmark_compares_device_counts_and_workers_in_their_own_processes(cli):
+    result = cli(
+        "benchmarks.step",
+        "--study=boolean",
+        "--preset=test",
+        "--seeds=2",
+        "--steps=2",
+        "--repeats=1",
+        "--compare=1,2",
+        "--workers=2",
+        "--no-torch",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout.strip().splitlines()[-1])["rows"]
+    assert [(r["way"], r["devices"]) for r in rows] == [("1 device", 1), ("2 devices", 2), ("2 processes", 2)]
+
+
+def test_step_benchmark_refuses_an_unknown_study_and_a_worker_count_that_divides_nothing(main):
+    for args, expected in (
+        (["--study=chess"], "chess"),
+        (["--study=boolean", "--seeds=3", "--workers=2"], "--workers"),
+    ):
+        result = main("benchmarks.step", *args)
+        assert result.returncode == 2 and result.stderr.strip().startswith("error:") and expected in result.stderr

@@ -106,18 +106,23 @@ def test_help_documents_the_flags(main):
         assert flag in result.stdout
 
 
-def test_eight_fake_devices_give_the_same_results_as_one(end_to_end, tmp_path):
-    one = [r for r in read_records(end_to_end[0]) if r["task"] == "2parity" and r["method"] == "mask"]
+def test_cpu_devices_give_the_same_results_as_one(end_to_end, tmp_path):
+    """The CLI's default (one CPU device per core, the runs sharded over them) and 8 fake devices, against
+    one device."""
+    default = [r for r in read_records(end_to_end[0]) if r["task"] == "2parity" and r["method"] == "mask"]
+    args = ["--preset=test", "--seeds=2", "--methods=mask"]
+    one_out, eight_out = tmp_path / "one", tmp_path / "eight"
+    assert run_cli("experiments.boolean", *args, "--cpu-devices=1", f"--out={one_out}").returncode == 0
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    args = ["--preset=test", "--seeds=2", "--methods=mask", f"--out={tmp_path / 'eight'}"]
-    result = run_cli("experiments.boolean", *args, env=env)
+    result = run_cli("experiments.boolean", *args, f"--out={eight_out}", env=env)
     assert result.returncode == 0, result.stderr
-    eight = read_records(tmp_path / "eight")
+    one, eight = read_records(one_out), read_records(eight_out)
     assert len(eight[0]["devices"]) == 8 and len(one[0]["devices"]) == 1
-    assert [r["seed"] for r in eight] == [r["seed"] for r in one] == [0, 1]
-    for a, b in zip(one, eight, strict=True):
+    assert [r["seed"] for r in eight] == [r["seed"] for r in one] == [r["seed"] for r in default] == [0, 1]
+    for a, b, c in zip(one, eight, default, strict=True):
         for key in ("acc_all", "acc_unseen", "mse", "train_loss"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+            assert c[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
 
 
 def test_qk_prior_methods_run_from_the_cli(cli, tmp_path):

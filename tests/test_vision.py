@@ -233,15 +233,6 @@ def test_cli_end_to_end_and_batch_equals_alone(cli, tmp_path, tiny_fashion):
         np.testing.assert_allclose(single["test_acc_probe"], batched["test_acc_probe"], atol=1e-6)
 
 
-def test_vision_step_benchmark_prints_its_table(cli, tiny_fashion):
-    result = cli(
-        "benchmarks.vision_step", "--preset=test", f"--data-dir={tiny_fashion}", "--seeds=1", "--steps=2", "--repeats=1"
-    )
-    assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| mask | 1 |")]
-    assert len(rows) == 1 and float(rows[0].split("|")[3]) > 0
-
-
 def test_softmax_regression_separates_separable_classes_and_its_cli_writes_records(cli, tmp_path, tiny_fashion):
     rng = np.random.default_rng(0)
     labels = np.repeat(np.arange(2), 20)
@@ -249,11 +240,34 @@ def test_softmax_regression_separates_separable_classes_and_its_cli_writes_recor
     acc, loss = vt.softmax_regression_accuracy(pixels.astype(np.uint8), labels, pixels.astype(np.uint8), labels, 2)
     assert acc == 1.0 and loss < 0.1
     out = tmp_path / "linear"
-    result = cli("experiments.vision_linear", f"--data-dir={tiny_fashion}", "--train-fraction=0.5,1", "--seeds=2",
-                 f"--out={out}")
+    result = cli(
+        "experiments.vision_linear", f"--data-dir={tiny_fashion}", "--train-fraction=0.5,1", "--seeds=2", f"--out={out}"
+    )
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [(r["train_fraction"], r["seed"]) for r in records] == [(0.5, 0), (0.5, 1), (1.0, 0)]
     assert all(0 <= r["test_acc"] <= 1 and r["git_commit"] and r["devices"] for r in records)
     summary = (out / "summary.md").read_text()
     assert summary.count("| fashion_mnist |") == 3 and "over 2 subset(s)" in summary
+
+
+def test_patch_stem_is_the_strided_convolution_it_replaces():
+    """Same parameters (names, shapes, initial values) as flax's nn.Conv with stride = kernel, and its outputs
+    against a float64 numpy convolution."""
+    from flax import linen as nn
+
+    from maskjax.models.vit import PatchEmbed
+
+    pictures = jax.random.normal(jax.random.key(1), (3, 8, 8, 3))
+    variables = nn.Conv(16, (4, 4), strides=(4, 4), padding="VALID").init(jax.random.key(0), pictures)
+    chex.assert_trees_all_equal(PatchEmbed(16, 4).init(jax.random.key(0), pictures), variables)
+    x, kernel = np.asarray(pictures, np.float64), np.asarray(variables["params"]["kernel"], np.float64)
+    expected = np.stack(
+        [
+            np.einsum("bijc,ijcd->bd", x[:, 4 * r : 4 * r + 4, 4 * c : 4 * c + 4], kernel)
+            for r in range(2)
+            for c in range(2)
+        ],
+        axis=1,
+    ) + np.asarray(variables["params"]["bias"], np.float64)
+    np.testing.assert_allclose(np.asarray(PatchEmbed(16, 4).apply(variables, pictures)), expected, rtol=1e-5, atol=1e-5)

@@ -32,6 +32,28 @@ def sincos2d(grid: int, width: int, temperature: float = 10_000.0) -> np.ndarray
     return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
 
 
+class PatchEmbed(nn.Module):
+    """The patch stem: a p x p convolution with stride p, as `nn.Conv` stores it (`kernel` [p, p, C, width],
+    `bias`), computed as one matmul over the flattened patches. Under `vmap` over runs a convolution
+    becomes a grouped one, whose weight gradient XLA's CPU backend computes 40 times slower at 8 runs
+    than at one (docs/performance.md); a matmul batches like every other dense layer."""
+
+    features: int
+    patch_size: int
+    dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, images_BHWC: jax.Array) -> jax.Array:
+        p, channels = self.patch_size, images_BHWC.shape[-1]
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (p, p, channels, self.features))
+        bias = self.param("bias", nn.initializers.zeros, (self.features,))
+        batch, height, width = images_BHWC.shape[:3]
+        patches = images_BHWC.reshape(batch, height // p, p, width // p, p, channels).transpose(0, 1, 3, 2, 4, 5)
+        patches_BNK = patches.reshape(batch, -1, p * p * channels).astype(self.dtype)
+        flat = kernel.reshape(-1, self.features).astype(self.dtype)
+        return patches_BNK @ flat + bias.astype(self.dtype)
+
+
 class ViT(nn.Module):
     """Maps images [batch, size, size, channels] to class logits [batch, num_classes].
 
@@ -65,9 +87,7 @@ class ViT(nn.Module):
             raise ConfigError(f"patch size {self.patch_size} does not divide image size {self.image_size}")
         if self.pool not in POOLS or self.posemb not in POSEMBS:
             raise ConfigError(f"pool must be one of {POOLS} and posemb one of {POSEMBS}")
-        p = self.patch_size
-        h = nn.Conv(c.dim, (p, p), strides=(p, p), padding="VALID", dtype=c.dtype, name="embedding")(images_BHWC)
-        h = h.reshape(h.shape[0], -1, c.dim).astype(jnp.float32)
+        h = PatchEmbed(c.dim, self.patch_size, c.dtype, name="embedding")(images_BHWC).astype(jnp.float32)
         if self.pool == "cls":
             cls = self.param("cls", nn.initializers.zeros, (1, 1, c.dim))
             h = jnp.concatenate([jnp.broadcast_to(cls, (h.shape[0], 1, c.dim)), h], axis=1)
