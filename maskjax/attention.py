@@ -262,7 +262,7 @@ def expand_mask(mask_logits: jax.Array | None, length: int) -> jax.Array | None:
 def split_qkv(qkv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """q, k, v from one projection [..., 3, heads, head_dim]. A split, not three indexings: the gradient of a
     split is one concatenation, where indexing pads each part to the whole and adds the three (the same
-    floats; 5-13% of a quick step, docs/performance.md)."""
+    floats, and fewer kernels; docs/performance.md)."""
     q, k, v = (jnp.squeeze(part, -3) for part in jnp.split(qkv, 3, axis=-3))
     return q, k, v
 

@@ -71,3 +71,23 @@ def test_step_benchmark_refuses_an_unknown_study_and_a_worker_count_that_divides
     ):
         result = main("benchmarks.step", *args)
         assert result.returncode == 2 and result.stderr.strip().startswith("error:") and expected in result.stderr
+
+
+def test_tables_sets_every_row_against_the_earlier_commit_and_torch(main, tmp_path):
+    def result(commit, rows, torch=None):
+        rows = [
+            {"way": way, "seeds": s, "devices": d, "step_seconds": t, "seed_steps_per_s": s / t, "flops_per_s": 5e9}
+            for way, s, d, t in rows
+        ]
+        return {"git_commit": commit, "matmul_peak_flops": 1e11, "rows": rows, **({"torch": torch} if torch else {})}
+
+    before, after = tmp_path / "before.txt", tmp_path / "after.txt"
+    before.write_text("table\n" + json.dumps(result("aaaaaaa1", [("1 device", 1, 1, 0.02)])))
+    torch = {"version": "2.x", "step_seconds": 0.01}
+    after.write_text(json.dumps(result("bbbbbbb2", [("1 device", 1, 1, 0.01), ("2 devices", 8, 2, 0.04)], torch)))
+    out = main("benchmarks.tables", str(before), str(after))
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| aaaaaaa") or line.startswith("| bbbbbbb")]
+    assert rows[0].split(" | ")[5:7] == ["1.00x", "0.50x"]
+    assert rows[2].split(" | ")[1:3] == ["2 devices", "8"] and rows[2].split(" | ")[5:7] == ["4.00x", "2.00x"]
+    assert main("benchmarks.tables", str(tmp_path / "missing.txt"), str(after)).returncode == 2
