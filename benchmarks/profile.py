@@ -23,7 +23,6 @@ import jax.numpy as jnp
 
 from benchmarks import step
 from experiments.cli import Parser, positive_int, run_main
-from maskjax.train import compile_program, init_runs, replicate, runs_mesh, shard_runs
 
 # Trace events that are not one XLA kernel: the executor's own spans, Python frames, waits.
 NOT_KERNELS = re.compile(r"^(\$|ThunkExecutor|SlinkyThreadPool|PjitFunction|TfrtCpu|Thunk::|.*trace)")
@@ -73,12 +72,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 def profile(batch: step.Batch, steps: int) -> tuple[float, dict[str, float], dict[str, str]]:
     """(seconds per step, kernel seconds per step, kernel -> operation) of one traced chunk of `steps`."""
-    train_config = dataclasses.replace(batch.train_config, chunk_steps=steps)
-    n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
-    program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
-    mesh = runs_mesh(len(batch.run_keys))
-    data = shard_runs(batch.data, mesh) if batch.data_per_run else replicate(batch.data, mesh)
-    state = init_runs(program, batch.run_keys, batch.run_inputs, mesh)
+    program, state, data, _ = step.prepare(batch, dataclasses.replace(batch.train_config, chunk_steps=steps))
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
     state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
     jax.block_until_ready(losses)

@@ -36,6 +36,8 @@ from maskjax.train import (
     Augment,
     InitRun,
     Loss,
+    Program,
+    RunState,
     TrainConfig,
     compile_program,
     init_runs,
@@ -264,17 +266,22 @@ def cost(compiled) -> dict:
     return analysis[0] if isinstance(analysis, list) else analysis
 
 
+def prepare(batch: Batch, train_config: TrainConfig) -> tuple[Program, RunState, Any, jax.sharding.Mesh]:
+    """The batch's compiled program, initial state and data, laid on the mesh `train` would give it."""
+    n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
+    program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
+    mesh = runs_mesh(len(batch.run_keys))
+    data = shard_runs(batch.data, mesh) if batch.data_per_run else replicate(batch.data, mesh)
+    return program, init_runs(program, batch.run_keys, batch.run_inputs, mesh), data, mesh
+
+
 def time_batch(batch: Batch, steps: int, repeats: int) -> dict:
     """Seconds per step of one batch of runs on the mesh `train` would give it, in chunks of the study's own
     length (`seconds_per_step`), with XLA's FLOP and memory counts of one step."""
     n_runs = len(batch.run_keys)
     train_config = batch.train_config
     steps = min(steps, train_config.chunk_steps)
-    n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
-    program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
-    mesh = runs_mesh(n_runs)
-    data = shard_runs(batch.data, mesh) if batch.data_per_run else replicate(batch.data, mesh)
-    state = init_runs(program, batch.run_keys, batch.run_inputs, mesh)
+    program, state, data, mesh = prepare(batch, train_config)
     step = program.step.lower(state, data, jnp.asarray(0)).compile()
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
     seconds = seconds_per_step(chunk, state, data, steps, repeats, train_config.chunk_steps)

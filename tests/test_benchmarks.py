@@ -91,3 +91,11 @@ def test_tables_sets_every_row_against_the_earlier_commit_and_torch(main, tmp_pa
     assert rows[0].split(" | ")[5:7] == ["1.00x", "0.50x"]
     assert rows[2].split(" | ")[1:3] == ["2 devices", "8"] and rows[2].split(" | ")[5:7] == ["4.00x", "2.00x"]
     assert main("benchmarks.tables", str(tmp_path / "missing.txt"), str(after)).returncode == 2
+
+
+def test_profile_names_the_kernels_of_a_traced_chunk(main):
+    result = main("benchmarks.profile", "--study=boolean", "--preset=test", "--steps=2", "--top=5")
+    assert result.returncode == 0, result.stderr
+    assert "| kernel kind | ms/step | share |" in result.stdout and "GotuTransformer" in result.stdout
+    kernel_rows = result.stdout.split("| kernel | ms/step |")[1].strip().splitlines()[2:]
+    assert len(kernel_rows) == 5 and all(float(row.split(" | ")[1]) >= 0 for row in kernel_rows)
