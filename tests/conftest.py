@@ -24,6 +24,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
+# The test processes themselves keep JAX's one CPU device, whichever test first calls a CLI's main in
+# process (which would otherwise give the worker one device per core, `maskjax.runtime`); CLI
+# subprocesses start afresh and take the CLIs' defaults.
+import jax  # noqa: E402
+
+jax.devices()
+
 
 def run_cli(module: str, *args: str, timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m module args` from the repository root, as a user would; env adds variables."""
