@@ -94,8 +94,10 @@ def test_tables_sets_every_row_against_the_earlier_commit_and_torch(main, tmp_pa
 
 
 def test_profile_names_the_kernels_of_a_traced_chunk(main):
-    result = main("benchmarks.profile", "--study=boolean", "--preset=test", "--steps=2", "--top=5")
+    # Every kernel listed: at the test preset the epoch shuffle's kernels can be the slowest.
+    result = main("benchmarks.profile", "--study=boolean", "--preset=test", "--steps=2", "--top=10000")
     assert result.returncode == 0, result.stderr
-    assert "| kernel kind | ms/step | share |" in result.stdout and "GotuTransformer" in result.stdout
+    assert "| kernel kind | ms/step | share |" in result.stdout
     kernel_rows = result.stdout.split("| kernel | ms/step |")[1].strip().splitlines()[2:]
-    assert len(kernel_rows) == 5 and all(float(row.split(" | ")[1]) >= 0 for row in kernel_rows)
+    assert len(kernel_rows) > 10 and all(float(row.split(" | ")[1]) >= 0 for row in kernel_rows)
+    assert any("GotuTransformer" in row and "block_0/attn" in row for row in kernel_rows)
