@@ -94,7 +94,7 @@ def _rung(name: str, model: ModelConfig) -> BooleanConfig:
 PRESETS: dict[str, BooleanConfig] = {
     "paper": BooleanConfig("paper", ModelConfig(256, 12, 6, 64, 256), SCHEDULES),
     # The paper scaled down on compute grounds alone (docs/design.md): width / 8, depth / 6, Adam's
-    # learning rate x 8 (lr ~ 1/width), half the epochs. About 1/770 of the paper's compute per run.
+    # learning rate x 8 (lr ~ 1/width), half the epochs. About 1/898 of the paper's training FLOPs per run.
     "quick": BooleanConfig(
         "quick",
         ModelConfig(dim=32, depth=2, heads=2, head_dim=16, mlp_dim=32),
