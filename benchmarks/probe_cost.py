@@ -28,7 +28,7 @@ from maskjax import report
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
-from maskjax.train import compile_program, shard_runs
+from maskjax.train import compile_program, init_runs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,7 +56,7 @@ def probe_seconds(config: study.BooleanConfig, method_name: str, repeats: int) -
     task, method = get_task("2parity"), get_method(method_name)
     batch = study.make_batch(task, method, [0], config)
     program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
-    state = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
+    state = init_runs(program, batch.run_keys, (batch.run_masks,))
     probe = study.drift_probe(batch.model, method, task, batch.loss, study.probe_batches(batch.data, config.batch_size))
     started = time.perf_counter()
     measure = jax.jit(jax.vmap(probe)).lower(state, state).compile()

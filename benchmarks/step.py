@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import torch_gotu
 from experiments.cli import Parser, name_list, positive_int, run_main
 from maskjax import report
 from maskjax.errors import ConfigError
@@ -64,11 +65,11 @@ class Batch(NamedTuple):
 
 class Study(NamedTuple):
     """A study at one preset: what it is, its batch of S seeds, and its PyTorch peer's seconds per step
-    (steps, repeats) -> float, None where it has none."""
+    (steps, repeats) -> float."""
 
     describe: str
     batch: Callable[[list[int]], Batch]
-    torch_seconds: Callable[[int, int], float] | None
+    torch_seconds: Callable[[int, int], float]
 
 
 def int_list(text: str) -> list[int]:
@@ -89,16 +90,22 @@ def dims(model: Any) -> tuple[int, int, int, int, int]:
     return model.dim, model.depth, model.heads, model.head_dim, model.mlp_dim
 
 
+def boolean_batch(task: Any, method: Any, seeds: list[int], config: Any) -> Batch:
+    """The Boolean study's batch of (task, method) for these seeds (also `benchmarks.train_step`'s)."""
+    from maskjax.studies import boolean
+
+    b = boolean.make_batch(task, method, seeds, config)
+    return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+
+
 def boolean_study(preset: str, method_name: str, dtype: str) -> Study:
-    from benchmarks import torch_gotu
     from maskjax.studies import boolean
     from maskjax.tasks.boolean import get_task
 
     config, task, method = with_dtype(boolean.get_preset(preset), dtype), get_task("2parity"), get_method(method_name)
 
     def batch(seeds: list[int]) -> Batch:
-        b = boolean.make_batch(task, method, seeds, config)
-        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+        return boolean_batch(task, method, seeds, config)
 
     def torch_seconds(steps: int, repeats: int) -> float:
         return torch_gotu.time_steps(task.n_bits, dims(config.model), config.batch_size, steps, repeats)
@@ -444,24 +451,20 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         **env,
     }
-    if not args.no_torch and study.torch_seconds is not None and torch_version() is not None:
+    if not args.no_torch and torch_gotu.version() is not None:
         torch_seconds = study.torch_seconds(args.steps, args.repeats)
-        result["torch"] = {"version": torch_version(), "step_seconds": torch_seconds}
+        result["torch"] = {"version": torch_gotu.version(), "step_seconds": torch_seconds}
         say(f"  torch eager, 1 seed: {torch_seconds:.4g} s/step")
     result["peak_memory_bytes"] = peak_memory_bytes()
     if not args.json_only:
-        torch_line = f"; torch {torch_version()} eager, one seed: {torch_seconds:.4g} s/step" if torch_seconds else ""
+        torch_line = (
+            f"; torch {torch_gotu.version()} eager, one seed: {torch_seconds:.4g} s/step" if torch_seconds else ""
+        )
         print(f"\n## {args.study} {args.preset} ({study.describe}; {args.method}, {args.dtype})\n")
         print(f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s{torch_line}\n")
         print(table(rows, peak, torch_seconds))
     print(json.dumps(result))
     return 0
-
-
-def torch_version() -> str | None:
-    from benchmarks import torch_gotu
-
-    return torch_gotu.version()
 
 
 if __name__ == "__main__":

@@ -321,12 +321,3 @@ def time_vision_steps(
         return F.cross_entropy(model(x), labels[t])
 
     return _time(model, loss_of, steps, repeats, learning_rate, weight_decay, 0.05, clip_norm, device)
-
-
-def version() -> str | None:
-    """torch's version, or None when the `bench` extra is not installed."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.__version__

@@ -42,9 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int, repeats: int) -> dict:
     """Seconds per step of `seeds` runs of (task, method) trained as one batch, with XLA's FLOP and memory counts."""
-    b = study.make_batch(task, method, list(range(seeds)), config)
-    batch = step.Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
-    return step.time_batch(batch, steps, repeats)
+    return step.time_batch(step.boolean_batch(task, method, list(range(seeds)), config), steps, repeats)
 
 
 def table(rows: list[dict], first: str, peak: float) -> str:

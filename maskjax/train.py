@@ -307,10 +307,13 @@ def train(
     )
 
 
-def init_runs(program: Program, run_keys: jax.Array, run_inputs: tuple, mesh: jax.sharding.Mesh) -> RunState:
-    """The runs' stacked initial state, every leaf sharded over the mesh. Leaves that do not depend on the run
-    (a LayerNorm's ones) come out of init replicated; left so, the chunk program would compile once for
-    them and again for the sharded state its first call returns."""
+def init_runs(
+    program: Program, run_keys: jax.Array, run_inputs: tuple, mesh: jax.sharding.Mesh | None = None
+) -> RunState:
+    """The runs' stacked initial state, every leaf sharded over the mesh (default `runs_mesh` for these runs).
+    Leaves that do not depend on the run (a LayerNorm's ones) come out of init replicated; left so, the chunk
+    program would compile once for them and again for the sharded state its first call returns."""
+    mesh = mesh if mesh is not None else runs_mesh(len(run_keys))
     return shard_runs(program.init(*shard_runs((run_keys, *run_inputs), mesh)), mesh)
 
 

@@ -31,7 +31,7 @@ from maskjax.tasks.boolean import (
 from maskjax.train import (
     TrainConfig,
     compile_program,
-    shard_runs,
+    init_runs,
     to_host,
     variables_of,
 )
@@ -403,7 +403,7 @@ def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int],
     """
     batch = make_batch(task, method, seeds, config)
     program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
-    initial = program.init(*shard_runs((batch.run_keys, batch.run_masks)))
+    initial = init_runs(program, batch.run_keys, (batch.run_masks,))
     on_maps = MapPoints(task, batch.model)
     target = oracle_target(task, config)
     return [on_maps.error(m, target) for m in on_maps.attention(initial)[: len(seeds)]]
