@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks import torch_gotu
 from experiments.cli import Parser, name_list, positive_int, run_main
-from maskjax import report
+from maskjax import overrides, report
 from maskjax.errors import ConfigError
 from maskjax.methods import get_method
 from maskjax.train import (
@@ -82,8 +82,9 @@ def int_list(text: str) -> list[int]:
     return values
 
 
-def with_dtype(config: Any, dtype: str) -> Any:
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+def configured(config: Any, dtype: str, sets: list[str]) -> Any:
+    """The preset with the matmul dtype, then the user's --set overrides."""
+    return overrides.apply(dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype)), sets)
 
 
 def dims(model: Any) -> tuple[int, int, int, int, int]:
@@ -98,11 +99,15 @@ def boolean_batch(task: Any, method: Any, seeds: list[int], config: Any) -> Batc
     return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
 
 
-def boolean_study(preset: str, method_name: str, dtype: str) -> Study:
+def boolean_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
     from maskjax.studies import boolean
     from maskjax.tasks.boolean import get_task
 
-    config, task, method = with_dtype(boolean.get_preset(preset), dtype), get_task("2parity"), get_method(method_name)
+    config, task, method = (
+        configured(boolean.get_preset(preset), dtype, sets),
+        get_task("2parity"),
+        get_method(method_name),
+    )
 
     def batch(seeds: list[int]) -> Batch:
         return boolean_batch(task, method, seeds, config)
@@ -116,12 +121,12 @@ def boolean_study(preset: str, method_name: str, dtype: str) -> Study:
     )
 
 
-def arithmetic_study(preset: str, method_name: str, dtype: str) -> Study:
+def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
     from benchmarks import torch_peers
     from maskjax.studies import arithmetic
     from maskjax.tasks import arithmetic as ar
 
-    config, method = with_dtype(arithmetic.get_preset(preset), dtype), get_method(method_name)
+    config, method = configured(arithmetic.get_preset(preset), dtype, sets), get_method(method_name)
     task, fraction = ar.ArithmeticTask("mul", config.answer_format), 0.03
 
     def batch(seeds: list[int]) -> Batch:
@@ -146,12 +151,12 @@ def arithmetic_study(preset: str, method_name: str, dtype: str) -> Study:
     return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
-def vision_study(preset: str, method_name: str, dtype: str) -> Study:
+def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
     from benchmarks import torch_peers
     from maskjax.data.images import ImageData
     from maskjax.studies import vision
 
-    config, method = with_dtype(vision.get_preset(preset), dtype), get_method(method_name)
+    config, method = configured(vision.get_preset(preset), dtype, sets), get_method(method_name)
     shape, n_train = ((28, 28, 1), 60_000) if preset != "paper" else ((32, 32, 3), 50_000)
     rng = np.random.default_rng(0)
     data = ImageData(
@@ -189,11 +194,11 @@ def vision_study(preset: str, method_name: str, dtype: str) -> Study:
     return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
-def language_study(preset: str, method_name: str, dtype: str) -> Study:
+def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
     from benchmarks import torch_peers
     from maskjax.studies import language
 
-    config, method = with_dtype(language.get_preset(preset), dtype), get_method(method_name)
+    config, method = configured(language.get_preset(preset), dtype, sets), get_method(method_name)
     windows = np.random.default_rng(0).integers(0, config.vocab_size, (512, config.context + 1)).astype(np.int32)
     weights = np.ones((512, config.context), np.float32)
     data = language.LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
@@ -360,6 +365,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=positive_int,
         help="also time this many processes at once, one device each, each with 1/W of the seeds",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a field of the study's config, e.g. --set model.dim=64 --set patch_size=7 (repeatable)",
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager peer")
     p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -383,6 +395,7 @@ def child(args: argparse.Namespace, seeds: list[int], devices: int) -> subproces
         f"--repeats={args.repeats}",
         f"--dtype={args.dtype}",
         f"--cpu-devices={devices}",
+        *(f"--set={text}" for text in args.set),
         "--no-torch",
         "--json-only",
     ]
@@ -399,7 +412,7 @@ def collect(process: subprocess.Popen) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.steps = args.steps or DEFAULT_STEPS[args.study]
-    study = STUDY_BUILDERS[args.study](args.preset, args.method, args.dtype)
+    study = STUDY_BUILDERS[args.study](args.preset, args.method, args.dtype, args.set)
     env = report.environment()
     say = (lambda message: None) if args.json_only else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}")
@@ -407,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     say(
         f"{args.study} {args.preset}: {study.describe}; {args.method}, {args.dtype}; "
-        f"{args.steps} steps x {args.repeats}"
+        f"{args.steps} steps x {args.repeats}" + (f"; set {', '.join(args.set)}" if args.set else "")
     )
     rows = []
     if args.compare:

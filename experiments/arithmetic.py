@@ -25,13 +25,13 @@ from experiments.cli import (
     run_control,
     run_main,
 )
-from maskjax import report
+from maskjax import overrides, report
 from maskjax.methods import METHODS, get_method
 from maskjax.studies import arithmetic as study
 from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks.arithmetic import FORMATS, OPERAND_DIGITS, OPS
 
-KEYS = ("seq_acc", "token_acc", "train_loss")
+KEYS = ("seq_acc", "token_acc", "train_seq_acc", "train_loss")
 GROUPS = ("op", "train_fraction", "method")
 
 
@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None):
 def resolve_config(args) -> study.ArithmeticConfig:
     config = study.get_preset(args.preset)
     fields = ("eval_size", "steps", "epochs", "learning_rate", "answer_format", "open_value", "closed_value")
-    return dataclasses.replace(config, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+    return overrides.apply(
+        dataclasses.replace(config, **{k: v for k in fields if (v := getattr(args, k)) is not None}), args.set
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

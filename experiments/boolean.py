@@ -26,7 +26,7 @@ from experiments.cli import (
     run_control,
     run_main,
 )
-from maskjax import priors, report
+from maskjax import overrides, priors, report
 from maskjax.errors import ConfigError
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
@@ -100,12 +100,14 @@ def resolve_config(args) -> study.BooleanConfig:
     schedules = config.schedules
     if args.learning_rate is not None:
         schedules = {task: (args.learning_rate, epochs) for task, (_, epochs) in schedules.items()}
-    overrides = {
+    fields = {
         k: v
         for k in ("steps", "row_policy", "open_value", "closed_value", "optimizer", "mask_weight_decay")
         if (v := getattr(args, k, None)) is not None
     }
-    config = dataclasses.replace(config, model=model, schedules=schedules, **overrides)
+    config = overrides.apply(
+        dataclasses.replace(config, model=model, schedules=schedules, **fields), getattr(args, "set", [])
+    )
     if config.row_policy not in priors.ROW_POLICIES:
         raise ConfigError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
     return config

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskjax import report, runtime
+from maskjax import overrides, report, runtime
 from maskjax.errors import ConfigError
 from maskjax.sweep import RunControl
 
@@ -194,13 +194,23 @@ def add_model_flags(parser: argparse.ArgumentParser, help_prefix: str = "model")
 
 
 def with_overrides(config: Any, args: argparse.Namespace, fields: Sequence[str]) -> Any:
-    """A study config with every flag the user set: the model flags on config.model, `fields` on config."""
+    """A study config with every flag the user set: the model flags on config.model, `fields` on config,
+    then each --set NAME=VALUE."""
     model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
-    return dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+    config = dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
+    return overrides.apply(config, getattr(args, "set", []))
 
 
 def add_run_control(parser: argparse.ArgumentParser) -> None:
-    """Flags every long-running CLI shares: checkpoints, resume, overwrite."""
+    """Flags every long-running CLI shares: any config field (--set), checkpoints, resume, overwrite."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set any field of the preset's config, checked against its type and recorded in config.json, "
+        "e.g. --set model.dim=64 --set min_steps=2000 (repeatable; after the other flags)",
+    )
     parser.add_argument(
         "--checkpoint-every", type=positive_int, help="checkpoint every N steps (default: every 5 minutes)"
     )

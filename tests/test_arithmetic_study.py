@@ -14,10 +14,21 @@ def test_a_seed_in_a_batch_equals_the_seed_alone_and_seeds_differ():
     task, config = ArithmeticTask("add"), study.get_preset("test")
     batch = study.run_batch(task, get_method("mask"), 0.004, [0, 1, 2], config)
     alone = study.run_batch(task, get_method("mask"), 0.004, [2], config)
-    for key in ("seq_acc", "token_acc", "train_loss"):
+    for key in ("seq_acc", "token_acc", "train_seq_acc", "train_loss"):
         assert alone[0][key] == pytest.approx(batch[2][key], rel=1e-4, abs=1e-6), key
     assert batch[0]["train_loss"] != batch[1]["train_loss"]
     assert batch[2]["runs_in_batch"] == 3 and batch[2]["n_train"] == 4000 and batch[2]["eval_size"] == 64
+
+
+def test_the_training_sample_is_each_seeds_own_training_pairs():
+    task = ArithmeticTask("add")
+    per_seed = [study.run_data(task, 0.004, seed, 8)[0] for seed in (0, 1)]
+    sample = study.training_sample(np.stack(per_seed), [0, 1], 100)
+    assert sample.shape == (2, 100, task.length)
+    for rows, train in zip(sample, per_seed, strict=True):
+        known = {tuple(r) for r in train}
+        assert all(tuple(r) in known for r in rows) and len({tuple(r) for r in rows}) == 100
+    assert study.training_sample(np.stack(per_seed), [0, 1], 10**6).shape[1] == 4000
 
 
 def test_greedy_decoding_reads_the_prompt_only():
@@ -55,15 +66,17 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
         "--train-fractions=0.004",
         "--methods=vanilla,mask",
         f"--out={out}",
+        "--set=qk_opt_steps=11",
     )
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 2 * 2
     for r in records:
         assert {"op", "train_fraction", "method", "seed", "seq_acc", "token_acc", "train_loss", "git_commit"} <= set(r)
-        assert 0.0 <= r["seq_acc"] <= r["token_acc"] <= 1.0
+        assert 0.0 <= r["seq_acc"] <= r["token_acc"] <= 1.0 and 0.0 <= r["train_seq_acc"] <= 1.0
     assert "| mul | 0.004 | mask | 2 | 0 |" in (out / "summary.md").read_text()
-    assert json.loads((out / "config.json").read_text())["open_value"] == 5.0
+    config = json.loads((out / "config.json").read_text())
+    assert config["open_value"] == 5.0 and config["qk_opt_steps"] == 11
     assert (out / "seq_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "mask_mul.png").read_bytes()[:4] == b"\x89PNG"
     assert "add 0.004 mask step 10/10" in result.stderr
@@ -78,6 +91,7 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
         (["--ops=div"], "unknown op 'div'"),
         (["--methods=nope"], "unknown method 'nope'"),
         (["--seeds=0"], "--seeds"),
+        (["--set=model.width=3"], "model.width is not a field of ModelConfig"),
     ],
 )
 def test_arithmetic_bad_input_gives_one_clear_line(main, tmp_path, args, message):

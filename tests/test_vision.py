@@ -195,6 +195,7 @@ def test_impulse_targets_are_shifted_identities():
         (["--methods=qk_opt"], "not defined for the vision study"),
         (["--seeds=0"], "at least one seed"),
         (["--open=nan"], "finite"),
+        (["--set", "epochs=ten"], "epochs expects an integer"),
     ],
 )
 def test_cli_bad_input_exits_2_in_one_line(main, tmp_path, tiny_fashion, flags, message):

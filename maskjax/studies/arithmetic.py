@@ -111,6 +111,14 @@ def run_data(task: ar.ArithmeticTask, fraction: float, seed: int, eval_size: int
     return ar.sequences(task, a[train_idx], b[train_idx]), ar.sequences(task, a[pick], b[pick])
 
 
+def training_sample(train_BNL: np.ndarray, seeds: Sequence[int], size: int) -> np.ndarray:
+    """Up to `size` of each seed's training sequences, drawn with its seed: whether the model fits its
+    training pairs (`train_seq_acc`, exact match by greedy decoding, as on the held-out pairs)."""
+    n_train = train_BNL.shape[1]
+    picks = [np.random.default_rng([seed, 2]).permutation(n_train)[: min(size, n_train)] for seed in seeds]
+    return np.stack([train_BNL[i, pick] for i, pick in enumerate(picks)])
+
+
 class Batch(NamedTuple):
     """What `train` needs for one (op, fraction, method) batch; each run trains on its own subset."""
 
@@ -191,6 +199,8 @@ def run_batch(
 
     answers = to_host(decode(final.params, final.constants, eval_BNL))
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
+    fit_BNL = training_sample(np.asarray(batch.data), seeds, config.eval_size)
+    fit_correct = to_host(decode(final.params, final.constants, jnp.asarray(fit_BNL))) == fit_BNL[:, :, ar.PROMPT :]
     outcomes = sweep.outcome_fields(trained, train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
@@ -205,6 +215,7 @@ def run_batch(
                 "seed": int(seed),
                 "seq_acc": None if diverged else float(correct.all(axis=1).mean()),
                 "token_acc": None if diverged else float(correct.mean()),
+                "train_seq_acc": None if diverged else float(fit_correct[i].all(axis=1).mean()),
                 "n_train": int(n_train),
                 "eval_size": int(truth.shape[1]),
                 **outcomes[i],
