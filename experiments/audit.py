@@ -1,0 +1,74 @@
+"""Check every results page against its records: python -m experiments.audit [PAGE ...] [--write]
+
+Each generated table (`maskjax.pages`) is rebuilt from the results.jsonl it names and compared with the
+page character by character; any other table must say on the line above why it is not from records
+(`<!-- not from records: the paper's numbers -->`); a page that opts in to the quote check (`<!-- audit: quotes -->`) must
+also quote in its text only numbers that a table shows (its own, or another page's generated tables,
+rounded to the quote's decimals). Exit 0 when every page agrees, 1 with a diff of each that does not;
+`--write` rewrites the generated tables instead (atomically), and never touches prose.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+
+from experiments.cli import Parser, UserError, run_main
+from maskjax import pages, report
+
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+
+
+def audit_page(path: Path, elsewhere: set[str], write: bool) -> list[str]:
+    """The problems of one page (empty when it agrees with its records)."""
+    text = path.read_text()
+    fresh = pages.refresh(text, path.parent)
+    problems = []
+    if fresh != text:
+        if write:
+            report.write_atomic(path, fresh)
+        else:
+            diff = difflib.unified_diff(
+                text.splitlines(), fresh.splitlines(), f"{path} (page)", f"{path} (from its records)", lineterm="", n=1
+            )
+            problems.append("generated tables differ from their records:\n" + "\n".join(list(diff)[:60]))
+    unexplained = pages.unexplained_tables(fresh)
+    if unexplained:
+        lines = ", ".join(map(str, unexplained))
+        problems.append(f"tables at line {lines} are neither generated nor marked <!-- not from records: why -->")
+    unshown = pages.unshown_quotes(fresh, elsewhere)
+    if unshown:
+        problems.append(f"quotes numbers no table shows: {', '.join(dict.fromkeys(unshown))}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = Parser(prog="python -m experiments.audit", description=__doc__.splitlines()[0])
+    p.add_argument("pages", nargs="*", type=Path, help=f"markdown pages (default: every page in {RESULTS})")
+    p.add_argument("--write", action="store_true", help="rewrite the generated tables from their records")
+    args = p.parse_args(argv)
+    paths = args.pages or sorted(RESULTS.glob("*.md"))
+    for path in paths:
+        if not path.is_file():
+            raise UserError(f"{path} is not a page")
+    texts = {path: path.read_text() for path in paths}
+    every = {path: pages.generated_numbers(text) for path, text in texts.items()}
+    failed = 0
+    for path in paths:
+        elsewhere = set().union(*(numbers for other, numbers in every.items() if other != path))
+        problems = audit_page(path, elsewhere, args.write)
+        tables = pages.tables_in(texts[path])
+        if problems:
+            failed += 1
+            print(f"FAIL {path}: " + "\n".join(problems))
+        else:
+            print(f"ok   {path}: {tables} generated table{'s' if tables != 1 else ''}")
+    if failed:
+        print(f"{failed} of {len(paths)} pages disagree with their records", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))

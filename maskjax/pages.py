@@ -1,0 +1,191 @@
+"""Tables on a results page that are generated from the records they name, so a page cannot drift from its data.
+
+A generated table sits between two markers that the generator owns:
+
+    <!-- table summary: from=vision_quick/low keys=test_acc,test_loss by=train_fraction,method -->
+    | ... the table, as `render` writes it ... |
+    <!-- end table -->
+
+`from` lists result folders (relative to the page's own folder) whose results.jsonl are read and joined
+(each record gains its folder's name as `source`, a field `by` and `where` can use);
+`where=field:value;field:value` keeps the records whose field prints as value (a value may be a `|`
+list of choices); the other parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
+every block from its records; `experiments.audit` fails on any page where that changes a character.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from maskjax import report
+from maskjax.errors import ConfigError
+
+BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
+
+
+def _names(text: str) -> list[str]:
+    return [t for t in text.split(",") if t]
+
+
+def _mdi_reference(records: Sequence[dict]) -> list[dict]:
+    """The MDI's own record for each Boolean task the records hold (the row every Boolean summary starts with)."""
+    from maskjax.studies import boolean
+    from maskjax.tasks.boolean import get_task
+
+    tasks = dict.fromkeys(r["task"] for r in records if "task" in r)
+    return [boolean.mdi_record(get_task(name)) for name in tasks]
+
+
+def _summary(records: Sequence[dict], params: dict[str, str]) -> str:
+    reference = _mdi_reference(records) if params.get("mdi") == "true" else []
+    return report.summary_table([*reference, *records], _names(params["keys"]), _names(params["by"]))
+
+
+def _per_seed(records: Sequence[dict], params: dict[str, str]) -> str:
+    return report.per_seed_table(records, params["key"], _names(params["by"]))
+
+
+def _paired(records: Sequence[dict], params: dict[str, str]) -> str:
+    lower = params.get("lower") == "true"
+    return report.paired_table(records, params["key"], params["reference"], _names(params["by"]), lower)
+
+
+def _count(records: Sequence[dict], params: dict[str, str]) -> str:
+    by = tuple(_names(params.get("by", "task,method")))
+    return report.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
+
+
+Kind = Callable[[Sequence[dict], dict[str, str]], str]
+KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
+    "summary": (_summary, ("keys", "by")),
+    "per-seed": (_per_seed, ("key", "by")),
+    "paired": (_paired, ("key", "reference", "by")),
+    "count": (_count, ()),
+}
+
+
+def parse_params(text: str) -> dict[str, str]:
+    params = {}
+    for item in text.split():
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"table parameter {item!r} is not NAME=VALUE")
+        params[name] = value
+    return params
+
+
+def select(records: Sequence[dict], where: str) -> list[dict]:
+    """The records whose fields print as the `where` values (field:value;field:a|b)."""
+    conditions = []
+    for clause in filter(None, where.split(";")):
+        field, sep, value = clause.partition(":")
+        if not sep:
+            raise ConfigError(f"where clause {clause!r} is not field:value")
+        conditions.append((field, set(value.split("|"))))
+    return [r for r in records if all(str(r.get(f)) in values for f, values in conditions)]
+
+
+def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:
+    """The records of each named folder, each with its folder's name as `source` (unless it has one)."""
+    found = []
+    for name in _names(sources):
+        path = folder / name / "results.jsonl"
+        if not path.is_file():
+            raise ConfigError(f"a table names {name}, but {path} does not exist")
+        found.extend({"source": name, **r} for r in report.read_jsonl(path))
+    return select(found, where)
+
+
+def render(kind: str, params: dict[str, str], folder: Path) -> str:
+    """The table of one block: its kind applied to the records it names."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown table kind {kind!r}; known: {', '.join(KINDS)}")
+    make, required = KINDS[kind]
+    missing = [p for p in ("from", *required) if p not in params]
+    if missing:
+        raise ConfigError(f"a {kind} table needs {', '.join(missing)}")
+    records = records_of(folder, params["from"], params.get("where", ""))
+    if not records:
+        raise ConfigError(f"a {kind} table from {params['from']} where {params.get('where', '')!r} selects no record")
+    return make(records, params)
+
+
+def refresh(text: str, folder: Path) -> str:
+    """The page with every generated table rewritten from its records (`folder`: the page's own folder)."""
+
+    def replace(match: re.Match) -> str:
+        body = render(match["kind"], parse_params(match["params"]), folder)
+        return f"<!-- table {match['kind']}:{match['params']}-->\n{body}<!-- end table -->"
+
+    return BLOCK.sub(replace, text)
+
+
+def tables_in(text: str) -> int:
+    return len(BLOCK.findall(text))
+
+
+HAND = re.compile(r"<!-- not from records: [^\n]*?-->")
+
+
+def unexplained_tables(text: str) -> list[int]:
+    """Line numbers of tables that neither a generator owns nor a `<!-- not from records: why -->` line
+    just above them explains (the paper's numbers, a cost table, a ladder computed elsewhere)."""
+    owned = set()
+    for m in BLOCK.finditer(text):
+        start = text.count("\n", 0, m.start())
+        owned.update(range(start, start + m.group().count("\n") + 1))
+    lines, found = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if not line.startswith("|") or (i and lines[i - 1].startswith("|")) or i in owned:
+            continue
+        above = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        if not HAND.fullmatch(above.strip()):
+            found.append(i + 1)
+    return found
+
+
+QUOTE_CHECK = "<!-- audit: quotes -->"
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.]*\d)")
+_CODE = re.compile(r"`[^`]*`")
+
+
+def table_numbers(text: str) -> set[str]:
+    """Every decimal number a table on the page shows (any table row, generated or not)."""
+    rows = [line for line in text.splitlines() if line.startswith("|")]
+    return {m.group().lstrip("+") for row in rows for m in NUMBER.finditer(row)}
+
+
+def prose_numbers(text: str) -> list[str]:
+    """Decimal numbers quoted in the page's sentences: not in tables, code blocks, code spans or comments."""
+    found, fenced = [], False
+    for line in re.sub(r"<!--.*?-->", "", text, flags=re.S).splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        if fenced or line.startswith(("|", "    ", "```", "#")):
+            continue
+        found.extend(m.group().lstrip("+") for m in NUMBER.finditer(_CODE.sub("", line)))
+    return found
+
+
+def _shown(number: str, shown: set[str]) -> bool:
+    """Whether a quoted number is a shown one, or a shown one rounded to the quote's decimals."""
+    if number in shown:
+        return True
+    decimals = len(number.split(".")[1])
+    return any(f"{float(v):.{decimals}f}" == number for v in shown if len(v.split(".")[1]) > decimals)
+
+
+def unshown_quotes(text: str, elsewhere: set[str] = frozenset()) -> list[str]:
+    """The decimal numbers a page that opts in (`QUOTE_CHECK`) quotes in its text but no table shows:
+    neither its own nor (`elsewhere`) another page's generated tables."""
+    if QUOTE_CHECK not in text:
+        return []
+    shown = table_numbers(text) | set(elsewhere)
+    return [n for n in prose_numbers(text) if not _shown(n, shown)]
+
+
+def generated_numbers(text: str) -> set[str]:
+    """The decimal numbers the page's generated tables show."""
+    return set().union(*(table_numbers(m["body"]) for m in BLOCK.finditer(text)))
