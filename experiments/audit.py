@@ -2,10 +2,11 @@
 
 Each generated table (`maskjax.pages`) is rebuilt from the results.jsonl it names and compared with the
 page character by character; any other table must say on the line above why it is not from records
-(`<!-- not from records: the paper's numbers -->`); a page that opts in to the quote check (`<!-- audit: quotes -->`) must
-also quote in its text only numbers that a table shows (its own, or another page's generated tables,
-rounded to the quote's decimals). Exit 0 when every page agrees, 1 with a diff of each that does not;
-`--write` rewrites the generated tables instead (atomically), and never touches prose.
+(`<!-- not from records: the paper's numbers -->`); a page that opts in to the quote check
+(`<!-- audit: quotes -->`) must also quote in its text only numbers that a table shows (its own, or
+another page's generated tables, rounded to the quote's decimals). Exit 0 when every page agrees, 1
+with a diff of each that does not; `--write` rewrites the generated tables instead (atomically), and
+never touches prose.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import difflib
 import sys
 from pathlib import Path
 
+from experiments import scale
 from experiments.cli import Parser, UserError, run_main
 from maskjax import pages, report
+
+KINDS = {**pages.KINDS, **scale.PAGE_KINDS}
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
@@ -23,7 +27,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 def audit_page(path: Path, elsewhere: set[str], write: bool) -> list[str]:
     """The problems of one page (empty when it agrees with its records)."""
     text = path.read_text()
-    fresh = pages.refresh(text, path.parent)
+    fresh = pages.refresh(text, path.parent, KINDS)
     problems = []
     if fresh != text:
         if write:

@@ -184,23 +184,54 @@ def plot_scale(records: list[dict], reference: list[dict], target_unseen: dict[s
     report.save_figure(fig, path)
 
 
+def ordered(records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The records by task, compute, method (in order of appearance) and seed, and the MDI's record per task."""
+    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
+    records = sorted(records, key=lambda r: (r["task"], r["train_flops"], order[r["method"]], r["seed"]))
+    return records, [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
+
+
+def tables(records: list[dict]) -> dict[str, str]:
+    """Every table of summary.md, by name (the page kinds `scale-NAME` of `experiments.audit`)."""
+    records, reference = ordered(records)
+    mdi = {r["task"]: r["acc_all"] for r in reference}
+    target_unseen = {r["task"]: unseen_target_mean(r["task"]) for r in reference}
+    return {
+        "cost": cost_table(records),
+        "rule": rule_table(records, mdi),
+        "summary": report.summary_table(reference + records, KEYS, GROUP),
+        "count": report.count_table(records, reference, GROUP),
+        "unseen": unseen_table(records, reference, target_unseen),
+    }
+
+
+def page_kind(name: str):
+    """A results page's table `scale-NAME` from the records of the folders it names."""
+
+    def make(records: list[dict], params: dict[str, str]) -> str:
+        return tables([with_scale(r, Path(r["source"])) for r in records])[name]
+
+    return make, ()
+
+
+PAGE_KINDS = {f"scale-{name}": page_kind(name) for name in ("cost", "rule", "summary", "count", "unseen")}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = report.ensure_writable_dir(args.out)
     methods = set(args.methods.split(",")) if args.methods else None
     records, sources = read_folders(args.dirs, methods)
-    order = {m: i for i, m in enumerate(dict.fromkeys(r["method"] for r in records))}
-    records.sort(key=lambda r: (r["task"], r["train_flops"], order[r["method"]], r["seed"]))
-    reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
-    mdi = {r["task"]: r["acc_all"] for r in reference}
+    records, reference = ordered(records)
     target_unseen = {r["task"]: unseen_target_mean(r["task"]) for r in reference}
+    made = tables(records)
     body = "\n".join(
         [
-            "## Cost of a run\n\n" + cost_table(records),
-            "## The vanilla rule (docs/design.md, Presets)\n\n" + rule_table(records, mdi),
-            "## Every (preset, task, method)\n\n" + report.summary_table(reference + records, KEYS, GROUP),
-            "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + report.count_table(records, reference, GROUP),
-            "## Unseen mean prediction\n\n" + unseen_table(records, reference, target_unseen),
+            "## Cost of a run\n\n" + made["cost"],
+            "## The vanilla rule (docs/design.md, Presets)\n\n" + made["rule"],
+            "## Every (preset, task, method)\n\n" + made["summary"],
+            "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + made["count"],
+            "## Unseen mean prediction\n\n" + made["unseen"],
         ]
     )
     report.write_atomic(

@@ -7,7 +7,8 @@ A generated table sits between two markers that the generator owns:
     <!-- end table -->
 
 `from` lists result folders (relative to the page's own folder) whose results.jsonl are read and joined
-(each record gains its folder's name as `source`, a field `by` and `where` can use);
+(each record gains its folder's name as `source`, a field `by` and `where` can use, and the end-of-run
+values `END_OF_RUN` of its curves);
 `where=field:value;field:value` keeps the records whose field prints as value (a value may be a `|`
 list of choices); the other parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
 every block from its records; `experiments.audit` fails on any page where that changes a character.
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from maskjax import report
 from maskjax.errors import ConfigError
@@ -57,12 +60,39 @@ def _count(records: Sequence[dict], params: dict[str, str]) -> str:
     return report.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
 
 
+def field_value(record: dict, path: str) -> float | None:
+    """A field, or an entry of a list field: `degree_profile.1`, `attention_drift.-1.0` (the last probe,
+    layer 0), `attention_drift.-1.max` (the largest over the last axis); None when the record lacks it."""
+    name, *steps = path.split(".")
+    value = record.get(name)
+    for step in steps:
+        if value is None:
+            return None
+        if step in ("max", "min", "mean"):
+            value = float(getattr(np, step)(np.asarray(value, np.float64)))
+        else:
+            value = value[int(step)]
+    return value
+
+
+def _values(records: Sequence[dict], params: dict[str, str]) -> str:
+    """One row per record: its `by` fields, then each of `fields` (paths as `field_value` reads them)."""
+    by, fields = _names(params["by"]), _names(params["fields"])
+    header = [*by, *[f"{f} (%)" if report.is_accuracy(f) else f for f in fields]]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in records:
+        cells = ["-" if (v := field_value(r, f)) is None else report.cell(v, f) for f in fields]
+        lines.append("| " + " | ".join([*(str(r.get(b, "-")) for b in by), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 Kind = Callable[[Sequence[dict], dict[str, str]], str]
 KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "summary": (_summary, ("keys", "by")),
     "per-seed": (_per_seed, ("key", "by")),
     "paired": (_paired, ("key", "reference", "by")),
     "count": (_count, ()),
+    "values": (_values, ("by", "fields")),
 }
 
 
@@ -87,22 +117,39 @@ def select(records: Sequence[dict], where: str) -> list[dict]:
     return [r for r in records if all(str(r.get(f)) in values for f, values in conditions)]
 
 
+# Layer 0's value at the last probe of a per-chunk, per-layer curve, under the names experiments.probes uses.
+END_OF_RUN = {
+    "drift_end": "attention_drift",
+    "drift_end_seen": "attention_drift_seen",
+    "drift_end_unseen": "attention_drift_unseen",
+    "logit_drift_end": "prior_logit_drift",
+    "mask_open_change_end": "mask_change_open_mean",
+    "mask_closed_change_end": "mask_change_closed_mean",
+}
+
+
+def with_derived(record: dict, source: str) -> dict:
+    """The record with its folder's name as `source` (unless it has one) and the `END_OF_RUN` values of
+    the curves it holds."""
+    ends = {name: record[curve][-1][0] for name, curve in END_OF_RUN.items() if record.get(curve)}
+    return {"source": source, **ends, **record}
+
+
 def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:
-    """The records of each named folder, each with its folder's name as `source` (unless it has one)."""
     found = []
     for name in _names(sources):
         path = folder / name / "results.jsonl"
         if not path.is_file():
             raise ConfigError(f"a table names {name}, but {path} does not exist")
-        found.extend({"source": name, **r} for r in report.read_jsonl(path))
+        found.extend(with_derived(r, name) for r in report.read_jsonl(path))
     return select(found, where)
 
 
-def render(kind: str, params: dict[str, str], folder: Path) -> str:
+def render(kind: str, params: dict[str, str], folder: Path, kinds: dict[str, tuple[Kind, tuple[str, ...]]]) -> str:
     """The table of one block: its kind applied to the records it names."""
-    if kind not in KINDS:
-        raise ConfigError(f"unknown table kind {kind!r}; known: {', '.join(KINDS)}")
-    make, required = KINDS[kind]
+    if kind not in kinds:
+        raise ConfigError(f"unknown table kind {kind!r}; known: {', '.join(kinds)}")
+    make, required = kinds[kind]
     missing = [p for p in ("from", *required) if p not in params]
     if missing:
         raise ConfigError(f"a {kind} table needs {', '.join(missing)}")
@@ -112,11 +159,13 @@ def render(kind: str, params: dict[str, str], folder: Path) -> str:
     return make(records, params)
 
 
-def refresh(text: str, folder: Path) -> str:
-    """The page with every generated table rewritten from its records (`folder`: the page's own folder)."""
+def refresh(text: str, folder: Path, kinds: dict[str, tuple[Kind, tuple[str, ...]]] | None = None) -> str:
+    """The page with every generated table rewritten from its records (`folder`: the page's own folder;
+    `kinds`: the table kinds, by default `KINDS`; a CLI adds its own study's)."""
+    kinds = KINDS if kinds is None else kinds
 
     def replace(match: re.Match) -> str:
-        body = render(match["kind"], parse_params(match["params"]), folder)
+        body = render(match["kind"], parse_params(match["params"]), folder, kinds)
         return f"<!-- table {match['kind']}:{match['params']}-->\n{body}<!-- end table -->"
 
     return BLOCK.sub(replace, text)

@@ -1,0 +1,106 @@
+import json
+
+import pytest
+
+from experiments import audit
+from maskjax import pages, report
+
+RECORDS = [
+    {
+        "task": "2parity",
+        "method": m,
+        "seed": s,
+        "acc_all": a,
+        "train_loss": loss,
+        "attention_drift": [[0.5, 0.1], [d, 0.3]],
+    }
+    for m, s, a, loss, d in [
+        ("vanilla", 0, 0.75, 1e-3, 0.08),
+        ("vanilla", 1, 0.75, 2e-3, 0.07),
+        ("mask", 0, 1.0, 1e-6, 0.01),
+        ("mask", 1, 0.875, 2e-6, 0.02),
+    ]
+]
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A results folder with one run folder and a page holding one generated table."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# A page\n\nThe mask ends at 93.75% on average.\n\n"
+        "<!-- table summary: from=run by=method keys=acc_all,train_loss,drift_end -->\n<!-- end table -->\n"
+    )
+    assert audit.main([str(page), "--write"]) == 0
+    return page
+
+
+def test_a_generated_table_is_the_report_table_of_its_records(site):
+    expected = report.summary_table(
+        [{**r, "drift_end": r["attention_drift"][-1][0]} for r in RECORDS],
+        ["acc_all", "train_loss", "drift_end"],
+        ["method"],
+    )
+    assert expected in site.read_text()
+    assert "| mask | 2 | 0 | 93.75 +- 8.84 |" in site.read_text()
+
+
+def test_the_audit_fails_on_an_edited_number_and_write_restores_it(site, capsys):
+    good = site.read_text()
+    site.write_text(good.replace("93.75 +- 8.84", "94.75 +- 8.84"))
+    assert audit.main([str(site)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "-| mask | 2 | 0 | 94.75" in out and "+| mask | 2 | 0 | 93.75" in out
+    assert audit.main([str(site), "--write"]) == 0
+    assert site.read_text() == good and audit.main([str(site)]) == 0
+
+
+def test_a_table_must_be_generated_or_say_why_not(site, capsys):
+    good = site.read_text()
+    site.write_text(good + "\n| paper | 69.49 |\n|---|---|\n")
+    assert audit.main([str(site)]) == 1
+    assert "neither generated nor marked" in capsys.readouterr().out
+    site.write_text(good + "\n<!-- not from records: the paper's numbers -->\n\n| paper | 69.49 |\n|---|---|\n")
+    assert audit.main([str(site)]) == 0
+
+
+def test_an_opted_in_page_quotes_only_numbers_a_table_shows(site, capsys):
+    text = site.read_text().replace("# A page\n", f"# A page\n{pages.QUOTE_CHECK}\n")
+    site.write_text(text)
+    assert audit.main([str(site)]) == 0  # 93.75 is in the table
+    site.write_text(text.replace("ends at 93.75%", "ends at 95.1% (`0.77` in code is not a quote)"))
+    assert audit.main([str(site)]) == 1
+    out = capsys.readouterr().out
+    assert "quotes numbers no table shows: 95.1" in out and "0.77" not in out.split("shows:")[1]
+    site.write_text(text.replace("ends at 93.75%", "ends at 93.8%"))  # a shown number, rounded
+    assert audit.main([str(site)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ("<!-- table nope: from=run -->", "unknown table kind 'nope'"),
+        ("<!-- table summary: from=missing by=method keys=acc_all -->", "missing/results.jsonl does not exist"),
+        ("<!-- table summary: from=run keys=acc_all -->", "a summary table needs by"),
+        ("<!-- table summary: from=run where=method:none by=method keys=acc_all -->", "selects no record"),
+    ],
+)
+def test_a_bad_table_is_one_clear_line(main, tmp_path, site, block, message):
+    site.write_text(f"{block}\n<!-- end table -->\n")
+    result = main("experiments.audit", str(site))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_field_paths_and_filters():
+    record = RECORDS[0]
+    assert pages.field_value(record, "attention_drift.-1.0") == 0.08
+    assert pages.field_value(record, "attention_drift.-1.max") == 0.3
+    assert pages.field_value(record, "degree_profile.0") is None
+    assert [r["seed"] for r in pages.select(RECORDS, "method:mask;seed:1|2")] == [1]
+
+
+def test_every_results_page_agrees_with_its_records(capsys):
+    """The repository's own pages: a page cannot drift from its data."""
+    assert audit.main([]) == 0, capsys.readouterr().out
