@@ -80,3 +80,20 @@ def test_rounding_metric():
 def test_unknown_task():
     with pytest.raises(ValueError, match="unknown task 'nope'"):
         tb.get_task("nope")
+
+
+def test_the_pair_coefficient_decides_the_unseen_corner():
+    """Any function of x0, x1 fitting 2Parity's three seen corners is (t-1) + (1-t)(x0+x1) + t x0x1 and
+    predicts 4t - 3 on the unseen corner; other bits add nothing to t."""
+    from maskjax.tasks.boolean import cube, get_task, pair_coefficient, parity_pair
+
+    task = get_task("2parity")
+    assert parity_pair(task) == (0, 1) and parity_pair(get_task("majority3")) is None
+    x = cube(task.n_bits).astype(np.float64)
+    rng = np.random.default_rng(0)
+    for t in (0.0, 0.3, 0.75, 0.9):
+        f = (t - 1) + (1 - t) * (x[:, 0] + x[:, 1]) + t * x[:, 0] * x[:, 1] + 0.1 * x[:, 2] * x[:, 3]
+        f += rng.normal(0, 1e-3) * x[:, 4]
+        assert np.isclose(pair_coefficient(f, (0, 1)), t)
+        unseen = (x[:, 0] == -1) & (x[:, 1] == -1)
+        assert np.allclose(f[unseen] - 0.1 * x[unseen, 2] * x[unseen, 3], 4 * t - 3, atol=1e-2)

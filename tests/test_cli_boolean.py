@@ -35,6 +35,7 @@ def test_end_to_end_at_test_preset(end_to_end):
     for r in records:
         assert KEYS | META <= set(r)
         assert 0.0 <= r["acc_all"] <= 1.0 and 0.0 <= r["acc_unseen"] <= 1.0
+        assert ("pair_coefficient" in r) == (r["task"] == "2parity")  # only a parity of two bits has one
     assert {(r["task"], r["method"]) for r in records} == {
         (t, m) for t in ("2parity", "threesym") for m in ("vanilla", "mask")
     }

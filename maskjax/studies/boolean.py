@@ -24,6 +24,8 @@ from maskjax.tasks.boolean import (
     get_task,
     mask_pattern,
     minimum_degree_interpolator,
+    pair_coefficient,
+    parity_pair,
     probe_points,
     scores,
     seen_share,
@@ -341,6 +343,7 @@ def run_batch(
     failed = ~np.all(np.isfinite(preds), axis=1)
     outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, failed)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
+    pair = parity_pair(task)
     records = []
     for i, seed in enumerate(seeds):
         if outcomes[i]["diverged"]:
@@ -350,6 +353,7 @@ def run_batch(
                 **scores(task, preds[i]),
                 "unseen_mean_prediction": float(preds[i][~seen].mean()),
                 "degree_profile": [round(float(m), 6) for m in degree_profile(preds[i])],
+                **({"pair_coefficient": pair_coefficient(preds[i], pair)} if pair else {}),
             }
         records.append(
             {
@@ -453,6 +457,7 @@ def mdi_record(task: BooleanTask) -> dict:
         **scores(task, values),
         "unseen_mean_prediction": round(float(values[unseen].mean()), 9) + 0.0,
         "degree_profile": [round(float(m), 6) for m in degree_profile(values)],
+        **({"pair_coefficient": round(pair_coefficient(values, pair), 9) + 0.0} if (pair := parity_pair(task)) else {}),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -101,6 +102,29 @@ def degree_profile(values: np.ndarray) -> np.ndarray:
     n = int(np.log2(coeffs.shape[-1]))
     degrees = np.array([bin(s).count("1") for s in range(2**n)])
     return np.array([np.sum(coeffs[..., degrees == d] ** 2, axis=-1) for d in range(n + 1)])
+
+
+def parity_pair(task: BooleanTask) -> tuple[int, int] | None:
+    """The two bits whose product the target is, when it is the parity of two bits (2Parity), else None."""
+    points = cube(task.n_bits).astype(np.float64)
+    target = np.asarray(task.target(points), np.float64)
+    return next(
+        (
+            (i, j)
+            for i, j in itertools.combinations(range(task.n_bits), 2)
+            if np.array_equal(target, points[:, i] * points[:, j])
+        ),
+        None,
+    )
+
+
+def pair_coefficient(values: np.ndarray, pair: tuple[int, int]) -> float:
+    """The Fourier coefficient t of x_i x_j in a function given on the whole cube. Averaged over the other
+    bits, any function that fits the three seen corners of x_i x_j (unseen where both are -1) is
+    (t - 1) + (1 - t)(x_i + x_j) + t x_i x_j, so it predicts 4t - 3 on the unseen corner: the sign there is
+    right (+1) only when t > 0.75, and the MDI has t = 0."""
+    points = cube(int(np.log2(np.shape(values)[-1]))).astype(np.float64)
+    return float(np.mean(np.asarray(values, np.float64) * points[:, pair[0]] * points[:, pair[1]], axis=-1))
 
 
 def _popcount(n_bits: int) -> np.ndarray:
