@@ -41,18 +41,25 @@ def _mdi_reference(records: Sequence[dict]) -> list[dict]:
     return [boolean.mdi_record(get_task(name)) for name in tasks]
 
 
+def _with_paths(records: Sequence[dict], keys: Sequence[str]) -> list[dict]:
+    """The records with each dotted key (a `field_value` path such as `mask_change_mean.-1.0`) as a field."""
+    paths = [k for k in keys if "." in k]
+    return [{**r, **{k: field_value(r, k) for k in paths}} for r in records]
+
+
 def _summary(records: Sequence[dict], params: dict[str, str]) -> str:
     reference = _mdi_reference(records) if params.get("mdi") == "true" else []
-    return report.summary_table([*reference, *records], _names(params["keys"]), _names(params["by"]))
+    keys = _names(params["keys"])
+    return report.summary_table(_with_paths([*reference, *records], keys), keys, _names(params["by"]))
 
 
 def _per_seed(records: Sequence[dict], params: dict[str, str]) -> str:
-    return report.per_seed_table(records, params["key"], _names(params["by"]))
+    return report.per_seed_table(_with_paths(records, [params["key"]]), params["key"], _names(params["by"]))
 
 
 def _paired(records: Sequence[dict], params: dict[str, str]) -> str:
-    lower = params.get("lower") == "true"
-    return report.paired_table(records, params["key"], params["reference"], _names(params["by"]), lower)
+    lower, key = params.get("lower") == "true", params["key"]
+    return report.paired_table(_with_paths(records, [key]), key, params["reference"], _names(params["by"]), lower)
 
 
 def _count(records: Sequence[dict], params: dict[str, str]) -> str:
@@ -60,15 +67,24 @@ def _count(records: Sequence[dict], params: dict[str, str]) -> str:
     return report.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
 
 
+def _split_path(path: str) -> list[str]:
+    """`attention_drift.@0.25.0` -> ['attention_drift', '@0.25', '0']: a fraction after @ keeps its point."""
+    return re.findall(r"@\d+(?:\.\d+)?|[^.]+", path)
+
+
 def field_value(record: dict, path: str) -> float | None:
     """A field, or an entry of a list field: `degree_profile.1`, `attention_drift.-1.0` (the last probe,
-    layer 0), `attention_drift.-1.max` (the largest over the last axis); None when the record lacks it."""
-    name, *steps = path.split(".")
+    layer 0), `attention_drift.-1.max` (the largest over the last axis), `attention_drift.@0.25.0` (the
+    probe nearest 25% of the run's steps, by its `drift_steps`); None when the record lacks it."""
+    name, *steps = _split_path(path)
     value = record.get(name)
     for step in steps:
         if value is None:
             return None
-        if step in ("max", "min", "mean"):
+        if step.startswith("@"):
+            probes = np.asarray(record["drift_steps"], np.float64)
+            value = value[int(np.argmin(np.abs(probes - float(step[1:]) * record["steps"])))]
+        elif step in ("max", "min", "mean"):
             value = float(getattr(np, step)(np.asarray(value, np.float64)))
         else:
             value = value[int(step)]
