@@ -13,15 +13,13 @@ for the open logit beside the measured ratio. Writes probes.md into the first DI
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
-
-import numpy as np
 
 from experiments.cli import Parser, run_main
 from maskjax import report
 from maskjax.errors import ConfigError
+from maskjax.probes import end_of_run
 
 KEYS = (
     "pattern_error_init",
@@ -57,10 +55,7 @@ def probe_record(record: dict) -> dict:
     config = record.get("config", {})
     mask_decay = record.get("mask_weight_decay", config.get("mask_weight_decay"))
 
-    def end(key: str) -> float | None:
-        return record[key][-1][0] if key in record else None
-
-    row = {
+    return {
         "task": record["task"],
         "method": record["method"],
         "row_policy": config.get("row_policy", "-"),
@@ -70,25 +65,8 @@ def probe_record(record: dict) -> dict:
         "closed": record.get("closed_value", "-"),
         "seed": record["seed"],
         "pattern_error_init": record.get("pattern_error_init"),
-        "drift_end": end("attention_drift"),
-        "drift_end_seen": end("attention_drift_seen"),
-        "drift_end_unseen": end("attention_drift_unseen"),
-        "logit_drift_end": end("prior_logit_drift"),
-        "mask_open_change_end": end("mask_change_open_mean"),
-        "mask_closed_change_end": end("mask_change_closed_mean"),
-        "sigmoid_minus_open": 1 / (1 + math.exp(open_value)) if open_value is not None else None,
-    }
-    if "grad_norm_qk" not in record:
-        return row
-    mask = np.asarray(record["grad_norm_mask"], np.float64).mean(-1)
-    qk = np.asarray(record["grad_norm_qk"], np.float64).mean(-1)
-    return {
-        **row,
-        "mask_first": float(mask[0]),
-        "mask_last": float(mask[-1]),
-        "qk_first": float(qk[0]),
-        "qk_last": float(qk[-1]),
-        "mask_over_qk_last": float(mask[-1] / qk[-1]) if mask[-1] > 0 else None,
+        **dict.fromkeys(KEYS[1:]),
+        **end_of_run(record),
     }
 
 

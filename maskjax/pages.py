@@ -7,8 +7,8 @@ A generated table sits between two markers that the generator owns:
     <!-- end table -->
 
 `from` lists result folders (relative to the page's own folder) whose results.jsonl are read and joined
-(each record gains its folder's name as `source`, a field `by` and `where` can use, and the end-of-run
-values `END_OF_RUN` of its curves);
+(each record gains its folder's name as `source`, a field `by` and `where` can use, and its end-of-run
+values, `maskjax.probes.end_of_run`);
 `where=field:value;field:value` keeps the records whose field prints as value (a value may be a `|`
 list of choices); the other parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
 every block from its records; `experiments.audit` fails on any page where that changes a character.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maskjax import report
+from maskjax import probes, report
 from maskjax.errors import ConfigError
 
 BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
@@ -102,6 +102,44 @@ def _values(records: Sequence[dict], params: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
+    """docs/design.md's ladder rule per rung (`source`) and group: the vanilla runs' key per seed, the
+    reference it is held against, how many seeds pass and the verdict."""
+    from maskjax.studies import arithmetic, language, vision
+
+    family, key, by = params["family"], params["key"], _names(params.get("by", ""))
+    reference = records_of(folder, params["reference"]) if "reference" in params else []
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("method") == "vanilla":
+            groups.setdefault((r["source"], *(r.get(b) for b in by)), []).append(r)
+    seeds = sorted({r["seed"] for rows in groups.values() for r in rows})
+    header = ["rung", *by, *[f"seed {s}" for s in seeds], "reference", "pass", "rule"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (source, *group), rows in groups.items():
+        if family == "vision":
+            fraction = rows[0]["train_fraction"]
+            linear = [x for x in reference if x["train_fraction"] == fraction]
+            rule = vision.ladder_rule(rows, linear)
+            against = ", ".join(report.cell(x["test_acc"] + vision.LADDER_MARGIN, "test_acc") for x in linear)
+        elif family == "language":
+            (bigram,) = [x["test_bpb"] for x in reference if x["method"] == "bigram"]
+            rule, against = language.ladder_rule(rows, bigram), f"< {bigram:.4g}"
+        elif family == "arithmetic":
+            rule, against = arithmetic.ladder_rule(rows), f">= {100 * arithmetic.LADDER_FIT:g}"
+        else:
+            raise ConfigError(f"unknown ladder family {family!r}; known: vision, language, arithmetic")
+        by_seed = {r["seed"]: r.get(key) for r in rows}
+        cells = [report.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
+        verdict = "passes" if rule["passes"] else "fails"
+        lines.append(
+            "| "
+            + " | ".join([source, *map(str, group), *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict])
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 Kind = Callable[[Sequence[dict], dict[str, str]], str]
 KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "summary": (_summary, ("keys", "by")),
@@ -109,6 +147,7 @@ KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "paired": (_paired, ("key", "reference", "by")),
     "count": (_count, ()),
     "values": (_values, ("by", "fields")),
+    "ladder": (_ladder, ("family", "key")),
 }
 
 
@@ -133,22 +172,10 @@ def select(records: Sequence[dict], where: str) -> list[dict]:
     return [r for r in records if all(str(r.get(f)) in values for f, values in conditions)]
 
 
-# Layer 0's value at the last probe of a per-chunk, per-layer curve, under the names experiments.probes uses.
-END_OF_RUN = {
-    "drift_end": "attention_drift",
-    "drift_end_seen": "attention_drift_seen",
-    "drift_end_unseen": "attention_drift_unseen",
-    "logit_drift_end": "prior_logit_drift",
-    "mask_open_change_end": "mask_change_open_mean",
-    "mask_closed_change_end": "mask_change_closed_mean",
-}
-
-
 def with_derived(record: dict, source: str) -> dict:
-    """The record with its folder's name as `source` (unless it has one) and the `END_OF_RUN` values of
-    the curves it holds."""
-    ends = {name: record[curve][-1][0] for name, curve in END_OF_RUN.items() if record.get(curve)}
-    return {"source": source, **ends, **record}
+    """The record with its folder's name as `source` (unless it has one) and its end-of-run values
+    (`maskjax.probes.end_of_run`: the drifts, mask changes and gradient norms `experiments.probes` prints)."""
+    return {"source": source, **probes.end_of_run(record), **record}
 
 
 def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:

@@ -56,3 +56,29 @@ def mask_persistence(initial: jax.Array, current: jax.Array) -> dict[str, jax.Ar
         "mask_change_mean": jnp.abs(flat_t - flat_0).mean(-1),
         "mask_sign_kept": ((flat_t >= 0) == (flat_0 >= 0)).mean(-1),
     }
+
+
+# Layer 0's value at the last probe of a record's per-chunk, per-layer curves, by the names the tables use.
+END_OF_RUN = {
+    "drift_end": "attention_drift",
+    "drift_end_seen": "attention_drift_seen",
+    "drift_end_unseen": "attention_drift_unseen",
+    "logit_drift_end": "prior_logit_drift",
+    "mask_open_change_end": "mask_change_open_mean",
+    "mask_closed_change_end": "mask_change_closed_mean",
+}
+
+
+def end_of_run(record: dict) -> dict[str, float]:
+    """What a finished run's record says about the end of training: `END_OF_RUN`, and where the record has
+    gradient probes, the gradient norms reaching the mask and W_Q/W_K at the first and last probe (mean over
+    layers) and their ratio at the end; with an open mask logit, the factor sigmoid(-open) of Theorem 1."""
+    found = {name: record[curve][-1][0] for name, curve in END_OF_RUN.items() if record.get(curve)}
+    if record.get("open_value") is not None:
+        found["sigmoid_minus_open"] = 1 / (1 + np.exp(record["open_value"]))
+    if record.get("grad_norm_qk"):
+        mask = np.asarray(record["grad_norm_mask"], np.float64).mean(-1)
+        qk = np.asarray(record["grad_norm_qk"], np.float64).mean(-1)
+        found |= {"mask_first": mask[0], "mask_last": mask[-1], "qk_first": qk[0], "qk_last": qk[-1]}
+        found["mask_over_qk_last"] = mask[-1] / qk[-1] if mask[-1] > 0 else None
+    return {k: None if v is None else float(v) for k, v in found.items()}
