@@ -208,7 +208,7 @@ def tables(records: list[dict]) -> dict[str, str]:
 def page_kind(name: str):
     """A results page's table `scale-NAME` from the records of the folders it names."""
 
-    def make(records: list[dict], params: dict[str, str]) -> str:
+    def make(records: list[dict], params: dict[str, str], folder: Path) -> str:
         return tables([with_scale(r, Path(r["source"])) for r in records])[name]
 
     return make, ()

@@ -47,22 +47,22 @@ def _with_paths(records: Sequence[dict], keys: Sequence[str]) -> list[dict]:
     return [{**r, **{k: field_value(r, k) for k in paths}} for r in records]
 
 
-def _summary(records: Sequence[dict], params: dict[str, str]) -> str:
+def _summary(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     reference = _mdi_reference(records) if params.get("mdi") == "true" else []
     keys = _names(params["keys"])
     return report.summary_table(_with_paths([*reference, *records], keys), keys, _names(params["by"]))
 
 
-def _per_seed(records: Sequence[dict], params: dict[str, str]) -> str:
+def _per_seed(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     return report.per_seed_table(_with_paths(records, [params["key"]]), params["key"], _names(params["by"]))
 
 
-def _paired(records: Sequence[dict], params: dict[str, str]) -> str:
+def _paired(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     lower, key = params.get("lower") == "true", params["key"]
     return report.paired_table(_with_paths(records, [key]), key, params["reference"], _names(params["by"]), lower)
 
 
-def _count(records: Sequence[dict], params: dict[str, str]) -> str:
+def _count(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     by = tuple(_names(params.get("by", "task,method")))
     return report.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
 
@@ -91,7 +91,7 @@ def field_value(record: dict, path: str) -> float | None:
     return value
 
 
-def _values(records: Sequence[dict], params: dict[str, str]) -> str:
+def _values(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     """One row per record: its `by` fields, then each of `fields` (paths as `field_value` reads them)."""
     by, fields = _names(params["by"]), _names(params["fields"])
     header = [*by, *[f"{f} (%)" if report.is_accuracy(f) else f for f in fields]]
@@ -104,11 +104,12 @@ def _values(records: Sequence[dict], params: dict[str, str]) -> str:
 
 def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     """docs/design.md's ladder rule per rung (`source`) and group: the vanilla runs' key per seed, the
-    reference it is held against, how many seeds pass and the verdict."""
+    reference it is held against (`against=`: the softmax-regression or n-gram folder), how many seeds pass
+    and the verdict; `family=` vision, language or arithmetic picks the study's `ladder_rule`."""
     from maskjax.studies import arithmetic, language, vision
 
     family, key, by = params["family"], params["key"], _names(params.get("by", ""))
-    reference = records_of(folder, params["reference"]) if "reference" in params else []
+    reference = records_of(folder, params["against"]) if "against" in params else []
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("method") == "vanilla":
@@ -140,7 +141,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     return "\n".join(lines) + "\n"
 
 
-Kind = Callable[[Sequence[dict], dict[str, str]], str]
+Kind = Callable[[Sequence[dict], dict[str, str], Path], str]  # records, the block's parameters, the page's folder
 KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "summary": (_summary, ("keys", "by")),
     "per-seed": (_per_seed, ("key", "by")),
@@ -199,7 +200,7 @@ def render(kind: str, params: dict[str, str], folder: Path, kinds: dict[str, tup
     records = records_of(folder, params["from"], params.get("where", ""))
     if not records:
         raise ConfigError(f"a {kind} table from {params['from']} where {params.get('where', '')!r} selects no record")
-    return make(records, params)
+    return make(records, params, folder)
 
 
 def refresh(text: str, folder: Path, kinds: dict[str, tuple[Kind, tuple[str, ...]]] | None = None) -> str:

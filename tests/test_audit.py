@@ -104,3 +104,45 @@ def test_field_paths_and_filters():
 def test_every_results_page_agrees_with_its_records(capsys):
     """The repository's own pages: a page cannot drift from its data."""
     assert audit.main([]) == 0, capsys.readouterr().out
+
+
+def _folder(root, name, records):
+    (root / name).mkdir(parents=True)
+    (root / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_ladder_rules_as_design_md_writes_them(tmp_path):
+    from maskjax.studies import arithmetic, language, vision
+
+    linear = [{"method": "linear", "train_fraction": 0.05, "seed": s, "test_acc": 0.80 + s / 100} for s in range(4)]
+    linear.append({"method": "linear", "train_fraction": 1.0, "seed": 0, "test_acc": 0.8455})
+    # seed s at 5% against its own subset's 0.80 + s/100: margins 0.031, 0.029, 0.035, 0.035 -> 3/4 pass
+    low = [
+        {"method": "vanilla", "train_fraction": 0.05, "seed": s, "test_acc": a}
+        for s, a in enumerate([0.831, 0.839, 0.855, 0.865])
+    ]
+    full = [
+        {"method": "vanilla", "train_fraction": 1.0, "seed": s, "test_acc": a}
+        for s, a in enumerate([0.876, 0.875, 0.88, 0.874])
+    ]
+    assert vision.ladder_rule(low, linear[:4]) == {"seeds": 4, "pass": 3, "passes": True}
+    assert vision.ladder_rule(full, linear[4:]) == {"seeds": 4, "pass": 2, "passes": False}
+    with pytest.raises(ValueError, match="no softmax-regression record"):
+        vision.ladder_rule(full, linear[:4])
+    runs = [{"method": "vanilla", "seed": s, "test_bpb": b} for s, b in enumerate([2.30, 2.35, 2.359])]
+    assert language.ladder_rule(runs, 2.36)["passes"] and not language.ladder_rule(runs, 2.35)["passes"]
+    fits = [{"method": "vanilla", "seed": s, "train_seq_acc": a} for s, a in enumerate([0.995, 0.99, 0.999, 0.5])]
+    assert arithmetic.ladder_rule(fits) == {"seeds": 4, "pass": 3, "passes": True}
+    assert not arithmetic.ladder_rule([{"method": "vanilla", "seed": 0, "train_seq_acc": None}])["passes"]
+
+    _folder(tmp_path, "linear", linear)
+    _folder(tmp_path, "v64d4", [*low, *full, {"method": "mask", "train_fraction": 1.0, "seed": 0, "test_acc": 0.9}])
+    page = tmp_path / "ladder.md"
+    page.write_text(
+        "<!-- table ladder: from=v64d4 family=vision key=test_acc by=train_fraction against=linear -->\n"
+        "<!-- end table -->\n"
+    )
+    assert audit.main([str(page), "--write"]) == 0
+    text = page.read_text()
+    assert "| v64d4 | 0.05 | 83.10 | 83.90 | 85.50 | 86.50 | 83.00, 84.00, 85.00, 86.00 | 3/4 | passes |" in text
+    assert "| v64d4 | 1.0 | 87.60 | 87.50 | 88.00 | 87.40 | 87.55 | 2/4 | fails |" in text

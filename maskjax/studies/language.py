@@ -348,3 +348,10 @@ def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndar
         return jax.lax.map(chunk, (x, w)).sum()
 
     return to_host(one_run(state.params, state.constants)).astype(np.float64), float(weights.sum())
+
+
+def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
+    """docs/design.md's rule for one rung: vanilla's test bits per byte below the bigram counted on the
+    same tokens, in every seed."""
+    below = [r["test_bpb"] is not None and r["test_bpb"] < bigram_bpb for r in records]
+    return {"seeds": len(below), "pass": sum(below), "passes": all(below) and bool(below)}

@@ -349,3 +349,20 @@ def layer0_pattern_error(model: ViT, initial, images: jax.Array, target_HNN: np.
 
     attention = to_host(layer0(initial.params, initial.constants)).astype(np.float64)
     return [float(0.5 * np.abs(a - target_HNN[None]).sum(-1).mean()) for a in attention]
+
+
+LADDER_MARGIN = 0.03  # vanilla must beat the softmax regression on the same images by 3 points
+
+
+def ladder_rule(records: Sequence[dict], linear: Sequence[dict], margin: float = LADDER_MARGIN) -> dict:
+    """docs/design.md's rule for one (rung, training fraction): how many vanilla seeds beat the softmax
+    regression on the same images (the seed's own subset; the full set has one fit) by `margin`; passes
+    when at least three quarters do."""
+    reference = {(r["train_fraction"], r["seed"]): r["test_acc"] for r in linear}
+    beat = []
+    for r in records:
+        key = (r["train_fraction"], r["seed"]) if r["train_fraction"] < 1 else (1.0, 0)
+        if key not in reference:
+            raise ConfigError(f"no softmax-regression record for training fraction {key[0]:g}, seed {key[1]}")
+        beat.append(r["test_acc"] is not None and r["test_acc"] >= reference[key] + margin)
+    return {"seeds": len(beat), "pass": sum(beat), "passes": 4 * sum(beat) >= 3 * len(beat) > 0}
