@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=positive_int, default=1, help="runs in the batch (default 1)")
     p.add_argument("--steps", type=positive_int, default=20, help="steps in the traced chunk (default 20)")
     p.add_argument("--top", type=positive_int, default=25, help="kernels listed (default 25)")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="override a field of the study's config"
+    )
     args = p.parse_args(argv)
-    study = step.STUDY_BUILDERS[args.study](args.preset, args.method, "float32")
+    study = step.STUDY_BUILDERS[args.study](args.preset, args.method, "float32", args.set)
     seconds, per_step, names = profile(study.batch(list(range(args.seeds))), args.steps)
     total = sum(per_step.values())
     kinds: dict[str, float] = collections.Counter()

@@ -150,7 +150,8 @@ def fused_attention(
     bias: jax.Array | None = None,
 ) -> jax.Array:
     """`masked_attention` through jax.nn.dot_product_attention, the mask (plus any fixed `bias`) as its bias
-    (same numbers to float rounding; the backend may fuse it). Self-attention layout
+    (same numbers to float rounding; the backend may fuse it). The bias is log_sigmoid(s * M) computed in
+    float32, as on the unfused path, and only then cast to the inputs' dtype. Self-attention layout
     [batch..., length, heads, head_dim]."""
     lead, (q_len, heads, _) = q.shape[:-3], q.shape[-3:]
     q4, k4, v4 = (a.reshape((-1, *a.shape[-3:])) for a in (q, k, v))
@@ -158,7 +159,7 @@ def fused_attention(
     total = None if bias is None else jnp.broadcast_to(jnp.asarray(bias, q.dtype), shape)
     if mask_logits is not None:
         check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
-        masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale, q.dtype), shape)
+        masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale).astype(q.dtype), shape)
         total = masked if total is None else total + masked
     out = jax.nn.dot_product_attention(q4, k4, v4, bias=total, is_causal=causal)
     return out.reshape((*lead, *out.shape[1:]))
@@ -243,11 +244,19 @@ def nnx_mask_logits(
     return nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
 
 
-def mask_shape(mask_structure: MaskStructure, heads: int, length: int) -> tuple[int, ...]:
-    """The stored shape of a mask: [heads, N, N] for "full", [heads, N] (one per offset) for "toeplitz"."""
+def mask_shape(mask_structure: MaskStructure, heads: int, length: int, causal: bool = True) -> tuple[int, ...]:
+    """The stored shape of a mask: [heads, N, N] for "full", [heads, N] (one per offset) for "toeplitz".
+
+    A Toeplitz mask holds offsets i - j >= 0 only, so it needs a causal model: without one, future keys would
+    be biased by the diagonal's logit."""
     if mask_structure == "full":
         return (heads, length, length)
     if mask_structure == "toeplitz":
+        if not causal:
+            raise ConfigError(
+                "mask_structure='toeplitz' holds one logit per offset i - j >= 0 and so needs causal=True; "
+                "use mask_structure='full' for attention that sees future keys"
+            )
         return (heads, length)
     raise ConfigError(f"unknown mask_structure {mask_structure!r}; expected 'full' or 'toeplitz'")
 
@@ -330,7 +339,7 @@ class MaskedSelfAttention(nn.Module):
         if self.qk_norm:
             q = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="q_norm")(q)
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
-        shape = mask_shape(self.mask_structure, self.heads, length)
+        shape = mask_shape(self.mask_structure, self.heads, length, self.causal)
         mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
         if use_fused(self.attention_impl, self.is_mutable_collection("intermediates")):
             out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
@@ -393,7 +402,9 @@ class NNXMaskedSelfAttention(nnx.Module):
         norm = {"epsilon": 1e-5, "param_dtype": param_dtype, "rngs": rngs}
         self.q_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
         self.k_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
-        self.mask_logits = nnx_mask_logits(mask_mode, mask_init, mask_shape(mask_structure, heads, length), rngs)
+        self.mask_logits = nnx_mask_logits(
+            mask_mode, mask_init, mask_shape(mask_structure, heads, length, causal), rngs
+        )
 
     def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None, *, sow_weights: bool = False) -> jax.Array:
         qkv = self.qkv(x_BLD)

@@ -8,10 +8,11 @@ before it used.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,17 @@ class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: written by another config, or none readable."""
 
 
-def _quiet_absl() -> None:
-    # Orbax logs its own tracebacks through absl on a failed read; we report failures ourselves.
-    logging.getLogger("absl").setLevel(logging.CRITICAL)
+@contextlib.contextmanager
+def _absl_quiet() -> Iterator[None]:
+    """Orbax logs its own traceback through absl on a failed read, which `restore_latest` reports itself in
+    one line; only while it reads, so the host program's absl logging is left as it was."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _is_key(leaf: Any) -> bool:
@@ -75,7 +84,6 @@ class SweepCheckpoints:
         every_seconds: float = 300.0,
         keep: int = 2,
     ):
-        _quiet_absl()
         self.every_steps, self.every_seconds = every_steps, every_seconds
         self.last_save = time.monotonic()
         self.directory = Path(directory).absolute()
@@ -109,13 +117,14 @@ class SweepCheckpoints:
         self.manager.reload()
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
-                meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-                self._check_fits(step, meta, like)
-                history = {name: np.zeros(shape, np.float32) for name, shape in meta["history_shapes"].items()}
-                abstract = jax.tree.map(lambda a: np.empty(np.shape(a), a.dtype), _to_saveable(like, history))
-                restored = self.manager.restore(
-                    step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
-                )["state"]
+                with _absl_quiet():
+                    meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+                    self._check_fits(step, meta, like)
+                    history = {name: np.zeros(shape, np.float32) for name, shape in meta["history_shapes"].items()}
+                    abstract = jax.tree.map(lambda a: np.empty(np.shape(a), a.dtype), _to_saveable(like, history))
+                    restored = self.manager.restore(
+                        step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract))
+                    )["state"]
             except CheckpointError:
                 raise
             except Exception as e:  # an unreadable file: fall back to the previous checkpoint

@@ -54,7 +54,9 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> None:
 
 def write_maps(path: Path, maps: dict[str, np.ndarray]) -> None:
     """Small named arrays a plot is drawn from (attention maps, masks of seed 0), in float16, atomically, so
-    a resumed sweep can redraw the plots of batches it did not train itself."""
+    a resumed sweep can redraw the plots of batches it did not train itself. Only process 0 writes."""
+    if jax.process_index() != 0:
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")

@@ -253,3 +253,38 @@ def test_split_qkv_gives_the_indexed_parts_and_their_gradient_bit_for_bit():
     indexed = lambda x: (x[..., 0, :, :], x[..., 1, :, :], x[..., 2, :, :])  # noqa: E731
     chex.assert_trees_all_equal(split_qkv(qkv), indexed(qkv))
     chex.assert_trees_all_equal(jax.grad(loss(split_qkv))(qkv), jax.grad(loss(indexed))(qkv))
+
+
+def test_a_toeplitz_mask_without_a_causal_mask_is_refused():
+    """It holds offsets i - j >= 0 only: future keys would silently take the diagonal's logit."""
+    x = jnp.ones((1, 5, 8))
+    with pytest.raises(ValueError, match="needs causal=True"):
+        MaskedSelfAttention(2, 4, mask_mode="learnable", mask_structure="toeplitz").init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match="needs causal=True"):
+        NNXMaskedSelfAttention(8, 2, 4, 5, mask_mode="learnable", mask_structure="toeplitz", rngs=nnx.Rngs(0))
+    variables = MaskedSelfAttention(2, 4, mask_mode="learnable", mask_structure="toeplitz", causal=True).init(
+        jax.random.key(0), x
+    )
+    assert variables["params"]["mask_logits"].shape == (2, 5)
+
+
+def test_the_fused_path_computes_the_mask_bias_in_float32(monkeypatch):
+    """In bfloat16, s * M rounded before log_sigmoid moves an open entry's bias by ~3% (s = 10, M = 1.003)."""
+    from maskjax import attention
+
+    seen = {}
+    real = jax.nn.dot_product_attention
+
+    def capture(q, k, v, bias=None, **kwargs):
+        seen["bias"] = bias
+        return real(q, k, v, bias=bias, **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", capture)
+    q = jnp.ones((1, 4, 2, 8), jnp.bfloat16)
+    mask = np.full((2, 4, 4), 1.003, np.float32)
+    attention.fused_attention(q, q, q, jnp.asarray(mask), mask_scale=10.0)
+    expected = np.log(1 / (1 + np.exp(-10.0 * mask.astype(np.float64))))
+    np.testing.assert_array_equal(
+        np.asarray(seen["bias"][0], np.float32),
+        np.asarray(jnp.asarray(expected, jnp.float32).astype(jnp.bfloat16), np.float32),
+    )

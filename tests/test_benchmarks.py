@@ -45,6 +45,20 @@ def test_step_benchmark_times_every_study(main, study):
     one, two = summary["rows"]
     assert two["flops_per_step"] == pytest.approx(2 * one["flops_per_step"], rel=0.05)
     assert "| way | seeds | s/step |" in result.stdout and summary["matmul_peak_flops"] > 0
+    if study == "language":  # a rung of a ladder is timed through --set: a wider model costs more
+        wider = main(
+            "benchmarks.step",
+            "--study=language",
+            "--preset=test",
+            "--seeds=1",
+            "--steps=2",
+            "--repeats=1",
+            "--no-torch",
+            "--set",
+            "model.mlp_dim=256",
+        )
+        assert wider.returncode == 0 and "set model.mlp_dim=256" in wider.stderr
+        assert json.loads(wider.stdout.strip().splitlines()[-1])["rows"][0]["flops_per_step"] > one["flops_per_step"]
 
 
 def test_step_benchmark_compares_device_counts_and_workers_in_their_own_processes(cli):
@@ -68,6 +82,7 @@ def test_step_benchmark_refuses_an_unknown_study_and_a_worker_count_that_divides
     for args, expected in (
         (["--study=chess"], "chess"),
         (["--study=boolean", "--seeds=3", "--workers=2"], "--workers"),
+        (["--study=vision", "--set", "patch=3"], "patch is not a field of VisionConfig"),
     ):
         result = main("benchmarks.step", *args)
         assert result.returncode == 2 and result.stderr.strip().startswith("error:") and expected in result.stderr

@@ -34,6 +34,29 @@ def test_a_checkpoint_from_another_config_is_refused(tmp_path):
         SweepCheckpoints(tmp_path / "c", {"lr": 2.0}).restore_latest(example_state(0.0))
 
 
+def test_an_unreadable_checkpoint_leaves_the_hosts_absl_logging_as_it_was(tmp_path):
+    import logging
+
+    absl = logging.getLogger("absl")
+    absl.setLevel(logging.INFO)
+    checkpoints = SweepCheckpoints(tmp_path / "c", {"lr": 1.0})
+    assert absl.level == logging.INFO  # building a checkpointer used to silence absl for the whole process
+    checkpoints.save(5, example_state(1.0), {"loss": np.zeros((2, 5))})
+    for item in (tmp_path / "c" / "5").rglob("*"):
+        if item.is_file():
+            item.write_bytes(b"garbage")
+    logged = []
+    assert checkpoints.restore_latest(example_state(0.0), logged.append) is None
+    assert "checkpoint at step 5 is unreadable" in logged[0] and absl.level == logging.INFO
+
+
+def test_maps_are_written_by_process_zero_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    report.write_maps(tmp_path / "m.npz", {"a": np.zeros(2)})
+    report.write_atomic(tmp_path / "t.txt", "x")
+    assert not list(tmp_path.iterdir())
+
+
 def test_nothing_to_restore(tmp_path):
     assert SweepCheckpoints(tmp_path / "empty", {}).restore_latest(example_state(0.0)) is None
 

@@ -49,6 +49,8 @@ def test_the_vanilla_rule_needs_fit_and_mdi_on_the_same_seed_in_three_of_four():
     verdict = study.vanilla_rule(rows([1e-4, 1e-4, 2e-3, 2e-3], [0.75, 0.75, 0.75, 0.6]), 0.75)
     assert verdict == {"seeds": 4, "fit": 2, "at_mdi": 3, "both": 2, "passes": False}
     assert not study.vanilla_rule([], 0.75)["passes"]
+    diverged = study.vanilla_rule(rows([1e-4, 1e-4, 1e-4, None], [0.75, 0.75, 0.75, None]), 0.75)
+    assert diverged == {"seeds": 4, "fit": 3, "at_mdi": 3, "both": 3, "passes": True}
 
 
 def record(preset, dim, task, method, seed, acc, loss, unseen, row_policy="diagonal"):

@@ -433,9 +433,9 @@ MDI_BAND = 0.01
 
 def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
     """How many of a task's vanilla runs fit the seen data, land on the MDI, and both; passes when both
-    hold in at least three quarters of them."""
-    fit = [r["train_loss"] < FIT_LOSS for r in records]
-    at_mdi = [abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
+    hold in at least three quarters of them. A diverged run (no loss, no accuracy) does neither."""
+    fit = [r["train_loss"] is not None and r["train_loss"] < FIT_LOSS for r in records]
+    at_mdi = [r["acc_all"] is not None and abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
     both = sum(f and a for f, a in zip(fit, at_mdi, strict=True))
     return {
         "seeds": len(records),

@@ -188,6 +188,7 @@ class Batch(NamedTuple):
 def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig) -> Batch:
     """The one-run init, loss and augmentation of (dataset, fraction, method) and every seed's inputs: its
     key, its initial mask and, below the full set, its own class-balanced training subset."""
+    eval_size(data, config.eval_batch)
     task = make_task(data, config)
     mean, std = (jnp.asarray(v) for v in vt.channel_stats(data.train_images))
     subsets = [vt.balanced_subset(data.train_labels, fraction, seed) for seed in seeds]
@@ -313,12 +314,20 @@ def run_batch(
     return records, plots
 
 
-def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs])."""
+def eval_size(data: ImageData, eval_batch: int) -> int:
+    """The test split's chunk size; a split that is not a multiple of it is refused (checked before training)."""
     n = len(data.test_labels)
     size = min(eval_batch, n)
     if n % size:
-        raise ConfigError(f"test split of {n} images is not a multiple of eval_batch {size}")
+        raise ConfigError(
+            f"test split of {n} images is not a multiple of eval_batch {size}; set eval_batch to a divisor"
+        )
+    return size
+
+
+def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs])."""
+    n, size = len(data.test_labels), eval_size(data, eval_batch)
     images = jnp.asarray(data.test_images).reshape(n // size, size, *data.image_shape)
     labels = jnp.asarray(data.test_labels).reshape(n // size, size)
 
