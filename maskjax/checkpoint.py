@@ -31,7 +31,7 @@ class CheckpointError(ConfigError):
 @contextlib.contextmanager
 def _absl_quiet() -> Iterator[None]:
     """Orbax logs its own traceback through absl on a failed read, which `restore_latest` reports itself in
-    one line; only while it reads, so the host program's absl logging is left as it was."""
+    one line; quiet only while orbax reads, so the host program's absl logging is left as it was."""
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.CRITICAL)
@@ -89,7 +89,8 @@ class SweepCheckpoints:
         self.directory = Path(directory).absolute()
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        with _absl_quiet():
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def due(self, done: int, previous: int) -> bool:
         """Save after this chunk? Every `every_steps` steps if set, else once `every_seconds` have passed."""
@@ -112,10 +113,13 @@ class SweepCheckpoints:
         self, like: Any, log: Callable[[str], None] | None = None
     ) -> tuple[int, Any, dict[str, np.ndarray]] | None:
         """(step, state, history) from the newest readable checkpoint, or None if there is none; the state as
-        host arrays shaped like `like`. A checkpoint of another config or layout raises CheckpointError; only a
-        file that fails to read falls back to the previous checkpoint."""
-        self.manager.reload()
-        for step in sorted(self.manager.all_steps(), reverse=True):
+        host arrays shaped like `like`. A checkpoint of another config or layout raises CheckpointError; a
+        file that fails to read falls back to the previous checkpoint, and when none is readable that is a
+        CheckpointError too: a resumed batch never silently restarts from step 0."""
+        with _absl_quiet():
+            self.manager.reload()
+            steps = sorted(self.manager.all_steps(), reverse=True)
+        for step in steps:
             try:
                 with _absl_quiet():
                     meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -133,6 +137,11 @@ class SweepCheckpoints:
                 continue
             state = _rewrap_keys(restored["state"], like)
             return int(meta["step"]), state, {name: np.asarray(v) for name, v in restored["history"].items()}
+        if steps:
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} is readable (steps {', '.join(map(str, steps))}); remove that "
+                "folder to train this batch from step 0 (finished batches are kept), or pass --overwrite"
+            )
         return None
 
     def _check_fits(self, step: int, meta: dict, like: Any) -> None:

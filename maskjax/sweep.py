@@ -203,8 +203,9 @@ class BatchSpec:
 def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
     """Check `out` against the config it holds; return the records a resumed run keeps.
 
-    A folder with results of another config is refused unless overwrite; resume needs a folder
-    written by the same config. `config` excludes the environment (commit, devices).
+    A folder with results of another config is refused unless overwrite, and so is one with results of
+    this config unless resume or overwrite: a repeated command never replaces results silently. resume
+    needs a folder written by the same config. `config` excludes the environment (commit, devices).
     """
     out = report.ensure_writable_dir(out)
     config_path, results_path = out / "config.json", out / "results.jsonl"
@@ -225,9 +226,21 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
         return report.read_jsonl(results_path) if results_path.exists() else []
     if held is not None and not same and not control.overwrite:
         raise SweepError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
+    held_records = report.read_jsonl(results_path) if results_path.exists() else []
+    if held_records and not control.overwrite:
+        raise SweepError(
+            f"{out} already holds {len(held_records)} results of this config; pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --out"
+        )
     if control.overwrite:
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)
+        remove_tree(out / "checkpoints")
     return []
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder, from process 0 only: in a multi-host job every process runs the sweep, one writes."""
+    if jax.process_index() == 0:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict], dict]:
@@ -243,7 +256,7 @@ def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunContr
     """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
     directory = out / "checkpoints" / name
     if not control.resume:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory)
     return SweepCheckpoints(directory, fingerprint, control.checkpoint_every)
 
 
@@ -279,11 +292,11 @@ def run_sweep(
         batch = spec.train(checkpoints, control.resume)
         records += [{**r, **meta} for r in batch]
         write(out, records)
-        shutil.rmtree(checkpoints.directory, ignore_errors=True)
+        remove_tree(checkpoints.directory)
         if plot is not None and time.monotonic() - last_plot >= plot_every:
             plot(records)
             last_plot, drawn = time.monotonic(), len(records)
     if plot is not None and records and drawn != len(records):
         plot(records)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    remove_tree(out / "checkpoints")
     return records

@@ -46,7 +46,8 @@ def test_an_unreadable_checkpoint_leaves_the_hosts_absl_logging_as_it_was(tmp_pa
         if item.is_file():
             item.write_bytes(b"garbage")
     logged = []
-    assert checkpoints.restore_latest(example_state(0.0), logged.append) is None
+    with pytest.raises(CheckpointError, match="no checkpoint in .* is readable .steps 5.; remove that folder"):
+        checkpoints.restore_latest(example_state(0.0), logged.append)
     assert "checkpoint at step 5 is unreadable" in logged[0] and absl.level == logging.INFO
 
 

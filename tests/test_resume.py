@@ -89,6 +89,20 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous(cli, tmp_path, w
     assert records(killed, "mask") == records(whole, "mask")
 
 
+def test_a_resume_with_no_readable_checkpoint_stops_and_keeps_finished_results(cli, tmp_path):
+    killed = tmp_path / "killed"
+    kill_after(start(killed), "mask checkpoint saved at step 20")
+    kept = (killed / "results.jsonl").read_text()
+    for path in (killed / "checkpoints" / "2parity_mask").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"torn")
+    resumed = cli("experiments.boolean", *ARGS, f"--out={killed}", "--resume")
+    last = resumed.stderr.strip().splitlines()[-1]
+    assert resumed.returncode == 2 and last.startswith("error: no checkpoint in") and "(steps 20, 10)" in last
+    assert "ERROR:absl" not in resumed.stderr and "Traceback" not in resumed.stderr
+    assert (killed / "results.jsonl").read_text() == kept  # the finished vanilla batch is still there
+
+
 def test_contrast_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path):
     args = ["--preset=test", "--seeds=2", "--open=2,10", "--closed=-10", "--steps=40", "--checkpoint-every=10"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -118,6 +132,10 @@ def test_out_folder_rules(cli, main, tmp_path):
     )
     assert cli("experiments.boolean", "--preset=test", "--seeds=1", "--methods=vanilla", f"--out={out}").returncode == 0
     before = (out / "results.jsonl").read_text()
+    again = ["--preset=test", "--seeds=1", "--methods=vanilla", f"--out={out}"]
+    one_error_line(main("experiments.boolean", *again), "already holds 1 results of this config; pass --resume")
+    assert main("experiments.boolean", *again, "--resume").returncode == 0
+    assert (out / "results.jsonl").read_text() == before
     other = ["--preset=test", "--seeds=2", "--methods=vanilla", f"--out={out}"]
     one_error_line(main("experiments.boolean", *other), "different config")
     one_error_line(main("experiments.boolean", *other, "--resume"), "different config")
