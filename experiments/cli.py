@@ -145,12 +145,30 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+DISTRIBUTED_ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
 def initialize_distributed() -> None:
-    """Join a multi-host job when MASKJAX_DISTRIBUTED=1: jax.distributed finds the coordinator and process
-    ids itself on Cloud TPU, Slurm and Open MPI, or from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
-    JAX_PROCESS_ID. The runs axis then spans every host's devices; only process 0 writes files."""
-    if os.environ.get("MASKJAX_DISTRIBUTED") == "1":
-        jax.distributed.initialize()
+    """Join a multi-host job when MASKJAX_DISTRIBUTED=1: from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    JAX_PROCESS_ID where they are set (jax.distributed does not read the last two itself), else as
+    jax.distributed finds them on Cloud TPU, Slurm and Open MPI. CPU processes exchange arrays through gloo.
+    The runs axis then spans every process's devices; only process 0 writes files."""
+    if os.environ.get("MASKJAX_DISTRIBUTED") != "1":
+        return
+    given = {name: os.environ[var] for name, var in DISTRIBUTED_ENV.items() if os.environ.get(var)}
+    try:
+        for name in ("num_processes", "process_id"):
+            if name in given:
+                given[name] = int(given[name])
+    except ValueError:
+        raise UserError(f"{', '.join(DISTRIBUTED_ENV.values())} must name an address and two integers") from None
+    if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**given)
 
 
 def run_main(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:

@@ -111,10 +111,13 @@ def environment() -> dict:
 
 
 def ensure_writable_dir(path: Path) -> Path:
-    """Create `path` if needed and prove it takes files; raise OSError with a plain message if not."""
+    """Create `path` if needed and prove it takes files; raise OSError with a plain message if not. In a
+    multi-host job only process 0 writes, so only it creates and checks the folder."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputFolderError(f"output path {str(path)!r} exists and is not a directory")
+    if jax.process_index() != 0:
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):

@@ -282,6 +282,7 @@ def run_sweep(
     resumed folder with this code.
     """
     records, meta = open_sweep(out, config, control)
+    plot = plot if jax.process_index() == 0 else None  # figures are files: process 0 draws them
     last_plot, drawn = time.monotonic(), None
     for k, spec in enumerate(batches, 1):
         if spec.done_in(records):

@@ -337,12 +337,25 @@ def shard_runs(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTree:
     mesh = mesh if mesh is not None else runs_mesh(n_runs)
     pad = -n_runs % mesh.size
 
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs"))
+
     def pad_and_put(a: jax.Array) -> jax.Array:
         if pad:
             a = jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
-        return jax.device_put(a, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("runs")))
+        if jax.process_count() == 1:
+            return jax.device_put(a, sharding)
+        return global_array(a, sharding)
 
     return jax.tree.map(pad_and_put, tree)
+
+
+def global_array(a: jax.Array | np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+    """`a`, which every process holds whole, as one array laid out by `sharding` over every process's devices
+    (each process places its own shards; device_put cannot reach another host's devices). Keys go as their data."""
+    if jax.dtypes.issubdtype(getattr(a, "dtype", None), jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(global_array(jax.random.key_data(a), sharding), impl=jax.random.key_impl(a))
+    host = to_host(a)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 def replicate(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTree:
@@ -351,11 +364,7 @@ def replicate(tree: PyTree, mesh: jax.sharding.Mesh | None = None) -> PyTree:
     same values)."""
     sharding = jax.sharding.NamedSharding(mesh if mesh is not None else runs_mesh(), jax.sharding.PartitionSpec())
 
-    def put(leaf: jax.Array | np.ndarray) -> jax.Array:
-        host = np.asarray(leaf)
-        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-    return jax.tree.map(put, tree)
+    return jax.tree.map(lambda leaf: global_array(leaf, sharding), tree)
 
 
 def to_host(x: jax.Array) -> np.ndarray:
