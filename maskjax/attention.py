@@ -50,8 +50,16 @@ def check_mask_logits(mask_logits: jax.Array | np.ndarray, heads: int, q_len: in
 
 
 def check_finite(mask_logits: jax.Array | np.ndarray) -> None:
-    """Raise ValueError if a concrete mask holds NaN or inf (a no-op under a trace)."""
-    if not isinstance(mask_logits, jax.core.Tracer) and not np.all(np.isfinite(np.asarray(mask_logits))):
+    """Raise ValueError if a concrete mask is not numbers, or holds NaN or inf (a no-op under a trace)."""
+    if isinstance(mask_logits, jax.core.Tracer):
+        return
+    values = np.asarray(mask_logits)
+    if not (np.issubdtype(values.dtype, np.number) or values.dtype == bool):
+        raise ConfigError(
+            f"a mask must be an array of numbers (or an initializer function), got {type(mask_logits).__name__} "
+            f"of dtype {values.dtype}"
+        )
+    if not np.all(np.isfinite(values)):
         raise ConfigError(f"mask_logits of shape {tuple(np.shape(mask_logits))} contains NaN or infinite values")
 
 
@@ -240,7 +248,10 @@ def nnx_mask_logits(
     check_mask_mode(mask_mode)
     if mask_mode == "none":
         return None
-    value = as_initializer(mask_init)(rngs.params(), shape, jnp.float32)
+    # Only a random initializer draws a key: an array or zeros consume none, so the host's later parameters
+    # initialise as they would without the mask (as in linen, whose keys do not depend on call order).
+    key = rngs.params() if callable(mask_init) else None
+    value = as_initializer(mask_init)(key, shape, jnp.float32)
     return nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
 
 

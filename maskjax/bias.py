@@ -69,6 +69,14 @@ def with_mask_bias(
     return biased
 
 
+def check_bias_mode(owner: str, mask_mode: str) -> None:
+    """A drop-in mask is learnable or fixed: 'none' would be the host's own attention_fn."""
+    if mask_mode not in ("learnable", "fixed"):
+        raise ConfigError(
+            f"{owner} needs mask_mode 'learnable' or 'fixed', got {mask_mode!r}; without a mask use attention_fn"
+        )
+
+
 class MaskBias(nn.Module):
     """Owns the mask (param `mask_logits`, or a `constants` variable when fixed) and hands back an attention_fn.
 
@@ -85,8 +93,7 @@ class MaskBias(nn.Module):
 
     @nn.compact
     def __call__(self, query_positions: jax.Array | Sequence[int] | None = None) -> Callable:
-        if self.mask_mode == "none":
-            raise ConfigError("MaskBias needs mask_mode 'learnable' or 'fixed'; without a mask use attention_fn")
+        check_bias_mode("MaskBias", self.mask_mode)
         shape = (self.heads, self.length, self.length)
         mask_logits = linen_mask_logits(self, self.mask_mode, self.mask_init, shape)
         return with_mask_bias(
@@ -113,8 +120,7 @@ class NNXMaskBias(nnx.Module):
         attention_fn: Callable = nnx.dot_product_attention,
         rngs: nnx.Rngs,
     ):
-        if mask_mode == "none":
-            raise ConfigError("NNXMaskBias needs mask_mode 'learnable' or 'fixed'; without a mask use attention_fn")
+        check_bias_mode("NNXMaskBias", mask_mode)
         self.mask_scale, self.attention_fn = mask_scale, attention_fn
         self.mask_logits = nnx_mask_logits(mask_mode, mask_init, (heads, length, length), rngs)
 

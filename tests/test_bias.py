@@ -116,3 +116,27 @@ def test_nnx_attention_with_mask_bias_equals_masked_attention_and_trains_only_pa
         np.testing.assert_array_equal(after, before)
     else:
         assert np.abs(after - before).max() > 0
+
+
+def test_an_array_mask_consumes_no_key_so_the_hosts_other_parameters_keep_their_values():
+    def host(with_mask: bool):
+        rngs = nnx.Rngs(0)
+        mask = NNXMaskBias(2, 4, mask_init=np.zeros((2, 4, 4)), rngs=rngs) if with_mask else None
+        return mask, nnx.Linear(3, 5, rngs=rngs)
+
+    np.testing.assert_array_equal(host(True)[1].kernel[...], host(False)[1].kernel[...])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mask_init": "diagonal"}, "a mask must be an array of numbers"),
+        ({"mask_mode": "none"}, "needs mask_mode 'learnable' or 'fixed', got 'none'"),
+        ({"mask_mode": "learned"}, "needs mask_mode 'learnable' or 'fixed', got 'learned'"),
+    ],
+)
+def test_bad_drop_in_masks_are_refused_in_words(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        MaskBias(2, 4, **kwargs).init(jax.random.key(0))
+    with pytest.raises(ValueError, match=message):
+        NNXMaskBias(2, 4, **kwargs, rngs=nnx.Rngs(0))
