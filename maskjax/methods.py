@@ -24,7 +24,8 @@ class Method:
     qk_init names the Q/K initialisation ("default" for the framework's own); qk_norm adds a LayerNorm
     on queries and keys (QK-LayerNorm) in every block. mask_structure: "study" for the study's own
     parameterisation of M (per entry, or per distance in the language study), "full" for one logit per
-    entry everywhere. position_bias: a fixed bias beside the mask ("alibi").
+    entry everywhere. position_bias: a fixed bias beside the mask ("alibi"). studies: the studies that can
+    build it; the registry is the one allow-list every study's CLI checks.
     """
 
     name: str
@@ -35,6 +36,7 @@ class Method:
     mask_structure: str = "study"
     position_bias: str = "none"
     description: str = ""
+    studies: tuple[str, ...] = ("boolean", "arithmetic", "vision", "language")
 
 
 METHODS: dict[str, Method] = {}
@@ -53,39 +55,126 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-def check_in_study(method: Method, study: str, supports_position_bias: bool = False) -> None:
-    """Refuse a method whose prior the study cannot build, rather than train it as something else."""
-    if method.position_bias != "none" and not supports_position_bias:
-        raise ConfigError(f"method {method.name!r} ({method.position_bias} bias) is not defined for the {study} study")
+def methods_for(study: str) -> list[str]:
+    """The registered methods a study can build, in registration order."""
+    return [name for name, method in METHODS.items() if study in method.studies]
 
+
+def check_in_study(method: Method, study: str) -> None:
+    """Refuse a method whose prior the study cannot build, rather than train it as something else."""
+    if study not in method.studies:
+        known = ", ".join(methods_for(study))
+        raise ConfigError(f"method {method.name!r} is not defined for the {study} study; known there: {known}")
+
+
+# Patterns through W_Q, W_K need a task pattern per head the study defines; mimetic and impulse need none.
+QK_STUDIES = ("boolean", "arithmetic")
+INIT_STUDIES = ("boolean", "arithmetic", "vision")
 
 register(Method("vanilla", description="plain attention, framework initialisation"))
 register(Method("mask", "learnable", "oracle", description="learnable mask from the task's oracle pattern"))
 register(Method("mask_fixed", "fixed", "oracle", description="the oracle mask held constant"))
 register(Method("mask_zero", "learnable", "zero", description="learnable mask initialised to zero"))
-register(Method("qk_svd", qk_init="svd", description="the oracle pattern injected into W_Q, W_K in closed form"))
-register(Method("qk_opt", qk_init="opt", description="W_Q, W_K optimised at init to produce the oracle pattern"))
-register(Method("mimetic", qk_init="mimetic", description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern"))
 register(
-    Method("impulse", qk_init="impulse", description="impulse init: each head's W_Q, W_K set to a shifted identity")
-)
-register(Method("mask_misspecified", "learnable", "misspecified", description="the oracle pattern on the wrong bits"))
-register(
-    Method("mask_random", "learnable", "random", description="a random pattern of the oracle's sparsity, per seed")
+    Method(
+        "qk_svd",
+        qk_init="svd",
+        studies=QK_STUDIES,
+        description="the oracle pattern injected into W_Q, W_K in closed form",
+    )
 )
 register(
-    Method("mask_learned", "learnable", "learned", description="learnable mask from interactions found in the data")
+    Method(
+        "qk_opt",
+        qk_init="opt",
+        studies=QK_STUDIES,
+        description="W_Q, W_K optimised at init to produce the oracle pattern",
+    )
 )
-register(Method("vanilla_qknorm", qk_norm=True, description="vanilla with LayerNorm on queries and keys (the control)"))
-register(Method("qk_svd_qknorm", qk_init="svd", qk_norm=True, description="qk_svd with LayerNorm on queries and keys"))
-register(Method("qk_opt_qknorm", qk_init="opt", qk_norm=True, description="qk_opt with LayerNorm on queries and keys"))
+register(
+    Method(
+        "mimetic",
+        qk_init="mimetic",
+        studies=INIT_STUDIES,
+        description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern",
+    )
+)
+register(
+    Method(
+        "impulse",
+        qk_init="impulse",
+        studies=INIT_STUDIES,
+        description="impulse init: each head's W_Q, W_K set to a shifted identity",
+    )
+)
+register(
+    Method(
+        "mask_misspecified",
+        "learnable",
+        "misspecified",
+        studies=("boolean",),
+        description="the oracle pattern on the wrong bits",
+    )
+)
+register(
+    Method(
+        "mask_random",
+        "learnable",
+        "random",
+        studies=("boolean", "vision"),
+        description="a random pattern of the oracle's sparsity, per seed",
+    )
+)
+register(
+    Method(
+        "mask_learned",
+        "learnable",
+        "learned",
+        studies=("boolean",),
+        description="learnable mask from interactions found in the data",
+    )
+)
+register(
+    Method(
+        "vanilla_qknorm",
+        qk_norm=True,
+        studies=QK_STUDIES,
+        description="vanilla with LayerNorm on queries and keys (the control)",
+    )
+)
+register(
+    Method(
+        "qk_svd_qknorm",
+        qk_init="svd",
+        qk_norm=True,
+        studies=QK_STUDIES,
+        description="qk_svd with LayerNorm on queries and keys",
+    )
+)
+register(
+    Method(
+        "qk_opt_qknorm",
+        qk_init="opt",
+        qk_norm=True,
+        studies=QK_STUDIES,
+        description="qk_opt with LayerNorm on queries and keys",
+    )
+)
 register(
     Method(
         "mask_full",
         "learnable",
         "oracle",
         mask_structure="full",
+        studies=("boolean", "arithmetic", "language"),
         description="learnable mask with one logit per query-key entry (in the language study: not the Toeplitz bias)",
     )
 )
-register(Method("alibi", position_bias="alibi", description="ALiBi's fixed linear distance bias, a published control"))
+register(
+    Method(
+        "alibi",
+        position_bias="alibi",
+        studies=("language",),
+        description="ALiBi's fixed linear distance bias, a published control",
+    )
+)

@@ -50,9 +50,9 @@ def test_qk_priors_train_through_the_same_registry():
 
 
 def test_placebo_masks_are_refused_for_arithmetic():
-    with pytest.raises(ValueError, match="not defined for arithmetic"):
+    with pytest.raises(ValueError, match="not defined for the arithmetic study"):
         study.resolve(["add"], ["mask_random"], "reversed")
-    with pytest.raises(ValueError, match="not defined for arithmetic"):
+    with pytest.raises(ValueError, match="not defined for the arithmetic study"):
         study.resolve(["add"], ["mask_learned"], "reversed")
 
 
@@ -100,3 +100,14 @@ def test_arithmetic_bad_input_gives_one_clear_line(main, tmp_path, args, message
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and message in lines[0], (
         result.stderr
     )
+
+
+def test_the_registry_is_the_one_allow_list():
+    from maskjax.methods import methods_for
+    from maskjax.studies import language, vision
+
+    assert vision.METHODS == methods_for("vision") and language.METHODS == methods_for("language")
+    for name in ("boolean", "arithmetic", "vision", "language"):
+        assert {"vanilla", "mask", "mask_fixed", "mask_zero"} <= set(methods_for(name))
+    assert "qk_svd" not in methods_for("vision") and "mask_random" not in methods_for("arithmetic")
+    assert methods_for("language")[-1] == "alibi" and "alibi" not in methods_for("boolean")

@@ -23,7 +23,7 @@ import optax
 from maskjax import probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, check_in_study, get_method
+from maskjax.methods import Method, check_in_study, get_method, methods_for
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
 from maskjax.tasks import language as lt
@@ -104,7 +104,7 @@ PRESETS: dict[str, LanguageConfig] = {
     ),
 }
 
-METHODS = ("vanilla", "mask", "mask_full", "mask_fixed", "mask_zero", "alibi")
+METHODS = methods_for("language")
 
 
 class LanguageData(NamedTuple):
@@ -130,10 +130,7 @@ def resolve(methods: Sequence[str]) -> list[Method]:
     """Methods by name, each checked against the language study before any text is read."""
     resolved = [get_method(m) for m in methods]
     for method in resolved:
-        check_in_study(method, "language", supports_position_bias=True)
-        if method.name not in METHODS:
-            known = ", ".join(METHODS)
-            raise ConfigError(f"method {method.name!r} is not defined for the language study; known: {known}")
+        check_in_study(method, "language")
     return resolved
 
 

@@ -23,7 +23,7 @@ from maskjax import priors, probes, sweep
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, get_method
+from maskjax.methods import Method, check_in_study, get_method, methods_for
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
 from maskjax.tasks import vision as vt
@@ -110,7 +110,7 @@ PRESETS: dict[str, VisionConfig] = {
     ),
 }
 
-METHODS = ("vanilla", "mask", "mask_fixed", "mask_zero", "mask_random", "mimetic", "impulse")
+METHODS = methods_for("vision")
 
 
 def get_preset(name: str) -> VisionConfig:
@@ -161,9 +161,7 @@ def resolve(methods: Sequence[str]) -> list[Method]:
     """Methods by name, each checked against the vision study before any data is read."""
     resolved = [get_method(m) for m in methods]
     for method in resolved:
-        if method.name not in METHODS:
-            known = ", ".join(METHODS)
-            raise ConfigError(f"method {method.name!r} is not defined for the vision study; known: {known}")
+        check_in_study(method, "vision")
     return resolved
 
 
