@@ -104,9 +104,13 @@ def test_mask_learned_starts_from_the_same_logits_as_the_oracle_mask(name):
         study.task_mask_logits(task, get_method("mask_learned"), config),
         study.task_mask_logits(task, get_method("mask"), config),
     )
-    assert dataclasses.replace(get_method("mask_learned"), name="mask", mask_pattern="oracle", description="") == (
-        dataclasses.replace(get_method("mask"), description="")
-    )
+    assert dataclasses.replace(
+        get_method("mask_learned"),
+        name="mask",
+        mask_pattern="oracle",
+        description="",
+        studies=get_method("mask").studies,
+    ) == (dataclasses.replace(get_method("mask"), description=""))
 
 
 def test_discover_cli_end_to_end(cli, tmp_path):

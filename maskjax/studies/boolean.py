@@ -140,8 +140,17 @@ def task_mask_logits(
     values: (open, closed) logits for this run; the config's when None.
     """
     values = values if values is not None else (config.open_value, config.closed_value)
-    patterns = lambda kind, s: mask_pattern(task, kind, config.row_policy, s)  # noqa: E731
-    return sweep.initial_mask_logits(patterns, method, seed, values)
+    return sweep.initial_mask_logits(
+        lambda kind, s: task_pattern(task, kind, config.row_policy, s), method, seed, values
+    )
+
+
+def task_pattern(task: BooleanTask, kind: str, row_policy: str, seed: int = 0) -> np.ndarray:
+    """A mask pattern of the task by kind: the task's own (`tasks.boolean.mask_pattern`), or "learned",
+    the one `maskjax.discover` reads off the training data."""
+    if kind == "learned":
+        return discover.task_pattern(task, row_policy)
+    return mask_pattern(task, kind, row_policy, seed)
 
 
 def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:

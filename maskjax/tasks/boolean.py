@@ -30,13 +30,13 @@ class BooleanTask:
     groups: tuple[tuple[int, ...], ...]
 
 
-MASK_KINDS = ("oracle", "misspecified", "random", "learned")
+MASK_KINDS = ("oracle", "misspecified", "random")
 
 
 def mask_pattern(task: BooleanTask, kind: str, row_policy: str = "diagonal", seed: int = 0) -> np.ndarray:
     """The task's mask pattern of a kind, over [CLS, bits]: "oracle" (its interacting groups),
-    "misspecified" (the groups moved onto bits that do not interact), "random" (as many open entries
-    at random, drawn from seed) or "learned" (the groups `maskjax.discover` reads off the training data)."""
+    "misspecified" (the groups moved onto bits that do not interact) or "random" (as many open entries at
+    random, drawn from seed). The pattern read off the training data is `maskjax.discover.task_pattern`."""
     oracle = priors.group_pattern(task.n_bits, task.groups, row_policy)
     if kind == "oracle":
         return oracle
@@ -44,11 +44,7 @@ def mask_pattern(task: BooleanTask, kind: str, row_policy: str = "diagonal", see
         return priors.group_pattern(task.n_bits, priors.misspecified_groups(task.n_bits, task.groups), row_policy)
     if kind == "random":
         return priors.random_pattern(oracle, seed)
-    if kind == "learned":
-        from maskjax import discover  # discover reads tasks off this module, so it is imported late
-
-        return discover.task_pattern(task, row_policy)
-    raise ConfigError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}")
+    raise ConfigError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}, learned")
 
 
 def cube(n_bits: int) -> np.ndarray:

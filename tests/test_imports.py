@@ -1,0 +1,35 @@
+"""The package's modules import each other without a circle (function-local imports count too)."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "maskjax"
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("maskjax"):
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("maskjax")}
+    return found & modules
+
+
+def test_no_import_circle():
+    paths = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+    graph = {name: imports_of(path, set(paths)) - {name} for name, path in paths.items()}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        for dep in graph[name]:
+            assert dep not in path, "import circle: " + " -> ".join([*path[path.index(dep) :], dep])
+            if dep not in done:
+                visit(dep, [*path, dep])
+        done.add(name)
+
+    for name in graph:
+        visit(name, [name])
