@@ -2,11 +2,10 @@
 
 Each generated table (`maskjax.pages`) is rebuilt from the results.jsonl it names and compared with the
 page character by character; any other table must say on the line above why it is not from records
-(`<!-- not from records: the paper's numbers -->`); a page that opts in to the quote check
-(`<!-- audit: quotes -->`) must also quote in its text only numbers that a table shows (its own, or
-another page's generated tables, rounded to the quote's decimals). Exit 0 when every page agrees, 1
-with a diff of each that does not; `--write` rewrites the generated tables instead (atomically), and
-never touches prose.
+(`<!-- not from records: the paper's numbers -->`); and a page's text may quote only decimal numbers
+that a table shows (its own, or another page's generated tables, rounded to the quote's decimals).
+Exit 0 when every page agrees, 1 with a diff of each that does not; `--write` rewrites the generated
+tables instead (atomically), and never touches prose.
 """
 
 from __future__ import annotations

@@ -239,7 +239,6 @@ def unexplained_tables(text: str) -> list[int]:
     return found
 
 
-QUOTE_CHECK = "<!-- audit: quotes -->"
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.]*\d)")
 _CODE = re.compile(r"`[^`]*`")
 
@@ -271,10 +270,9 @@ def _shown(number: str, shown: set[str]) -> bool:
 
 
 def unshown_quotes(text: str, elsewhere: set[str] = frozenset()) -> list[str]:
-    """The decimal numbers a page that opts in (`QUOTE_CHECK`) quotes in its text but no table shows:
-    neither its own nor (`elsewhere`) another page's generated tables."""
-    if QUOTE_CHECK not in text:
-        return []
+    """The decimal numbers a page quotes in its text but no table shows: neither its own (generated, or
+    explained as not from records, such as the paper's numbers) nor (`elsewhere`) another page's generated
+    tables. The check matches digits: it proves a quote is shown somewhere, not where it came from."""
     shown = table_numbers(text) | set(elsewhere)
     return [n for n in prose_numbers(text) if not _shown(n, shown)]
 
