@@ -5,7 +5,8 @@ page character by character; any other table must say on the line above why it i
 (`<!-- not from records: the paper's numbers -->`); and a page's text may quote only decimal numbers
 that a table shows (its own, or another page's generated tables, rounded to the quote's decimals).
 Exit 0 when every page agrees, 1 with a diff of each that does not; `--write` rewrites the generated
-tables instead (atomically), and never touches prose.
+tables instead (atomically), and never touches prose. Run without pages, it also checks the ledger
+(docs/claims.md) and README: every decimal number they quote must be on a results page.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from maskjax import pages, report
 
 KINDS = {**pages.KINDS, **scale.PAGE_KINDS}
 
-RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+LEDGERS = (ROOT / "docs" / "claims.md", ROOT / "README.md")
 
 
 def audit_page(path: Path, elsewhere: set[str], write: bool) -> list[str]:
@@ -56,10 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             raise UserError(f"{path} is not a page")
     texts = {path: path.read_text() for path in paths}
-    every = {path: pages.generated_numbers(text) for path, text in texts.items()}
+    every = {path.resolve(): pages.generated_numbers(path.read_text()) for path in sorted(RESULTS.glob("*.md"))}
+    every |= {path.resolve(): pages.generated_numbers(text) for path, text in texts.items()}
     failed = 0
     for path in paths:
-        elsewhere = set().union(*(numbers for other, numbers in every.items() if other != path))
+        elsewhere = set().union(*(numbers for other, numbers in every.items() if other != path.resolve()))
         problems = audit_page(path, elsewhere, args.write)
         tables = pages.tables_in(texts[path])
         if problems:
@@ -67,10 +71,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"FAIL {path}: " + "\n".join(problems))
         else:
             print(f"ok   {path}: {tables} generated table{'s' if tables != 1 else ''}")
+    if not args.pages:
+        failed += audit_ledgers()
     if failed:
-        print(f"{failed} of {len(paths)} pages disagree with their records", file=sys.stderr)
+        print(f"{failed} pages disagree with their records", file=sys.stderr)
         return 1
     return 0
+
+
+def audit_ledgers() -> int:
+    """claims.md and README quote the results pages: each decimal number they quote, in text or in their own
+    tables, must be one a results page's table shows (or explains as not from records)."""
+    texts = [path.read_text() for path in sorted(RESULTS.glob("*.md"))]
+    shown = set().union(*(pages.table_numbers(t) | pages.explained_numbers(t) for t in texts))
+    failed = 0
+    for path in LEDGERS:
+        unshown = [n for n in pages.ledger_numbers(path.read_text()) if not pages.is_shown(n, shown)]
+        if unshown:
+            failed += 1
+            print(f"FAIL {path}: quotes numbers no results page shows: {', '.join(dict.fromkeys(unshown))}")
+        else:
+            print(f"ok   {path}: every quoted number is on a results page")
+    return failed
 
 
 if __name__ == "__main__":

@@ -239,7 +239,8 @@ def unexplained_tables(text: str) -> list[int]:
     return found
 
 
-NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?![\w.]*\d)")
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?:e[-+]?\d+)?(?![\w.]*\d)")
+ARXIV_ID = re.compile(r"\b\d{4}\.\d{5}\b")
 _CODE = re.compile(r"`[^`]*`")
 
 
@@ -257,24 +258,43 @@ def prose_numbers(text: str) -> list[str]:
             fenced = not fenced
         if fenced or line.startswith(("|", "    ", "```", "#")):
             continue
-        found.extend(m.group().lstrip("+") for m in NUMBER.finditer(_CODE.sub("", line)))
+        found.extend(m.group().lstrip("+") for m in NUMBER.finditer(ARXIV_ID.sub("", _CODE.sub("", line))))
     return found
 
 
-def _shown(number: str, shown: set[str]) -> bool:
-    """Whether a quoted number is a shown one, or a shown one rounded to the quote's decimals."""
-    if number in shown:
+def is_shown(number: str, numbers: set[str]) -> bool:
+    """Whether a quoted number is a shown one, or a shown one rounded to the quote's decimals (its mantissa's,
+    for a number in exponent notation)."""
+    if number in numbers:
         return True
-    decimals = len(number.split(".")[1])
-    return any(f"{float(v):.{decimals}f}" == number for v in shown if len(v.split(".")[1]) > decimals)
+    mantissa, _, exponent = number.partition("e")
+    decimals = len(mantissa.split(".")[1])
+    style = f".{decimals}e" if exponent else f".{decimals}f"
+    quoted = f"{float(number):{style}}"
+    return any(f"{float(v):{style}}" == quoted for v in numbers)
 
 
 def unshown_quotes(text: str, elsewhere: set[str] = frozenset()) -> list[str]:
     """The decimal numbers a page quotes in its text but no table shows: neither its own (generated, or
-    explained as not from records, such as the paper's numbers) nor (`elsewhere`) another page's generated
-    tables. The check matches digits: it proves a quote is shown somewhere, not where it came from."""
-    shown = table_numbers(text) | set(elsewhere)
-    return [n for n in prose_numbers(text) if not _shown(n, shown)]
+    explained as not from records, such as the paper's numbers), nor a not-from-records comment, nor
+    (`elsewhere`) another page's generated tables. The check matches digits: it proves a quote is shown
+    somewhere, not where it came from."""
+    shown = table_numbers(text) | explained_numbers(text) | set(elsewhere)
+    return [n for n in prose_numbers(text) if not is_shown(n, shown)]
+
+
+def explained_numbers(text: str) -> set[str]:
+    """Numbers a page lists in a `<!-- not from records: why, numbers -->` comment: quotes of what no record
+    holds (corpus sizes, a timing the text gives with its command), each exception written down."""
+    return {m.group().lstrip("+") for comment in HAND.findall(text) for m in NUMBER.finditer(comment)}
+
+
+def ledger_numbers(text: str) -> list[str]:
+    """Every decimal number a ledger page (claims.md, README) quotes, in its text and in its own tables:
+    its tables are quotes of the results pages, not results."""
+    cells = [line for line in text.splitlines() if line.startswith("|")]
+    quoted = [m.group().lstrip("+") for row in cells for m in NUMBER.finditer(ARXIV_ID.sub("", _CODE.sub("", row)))]
+    return quoted + prose_numbers(text)
 
 
 def generated_numbers(text: str) -> set[str]:

@@ -75,6 +75,12 @@ def test_a_page_quotes_only_numbers_a_table_shows(site, capsys):
     assert "quotes numbers no table shows: 95.1" in out and "0.77" not in out.split("shows:")[1]
     site.write_text(text.replace("ends at 93.75%", "ends at 93.8%"))  # a shown number, rounded
     assert audit.main([str(site)]) == 0
+    site.write_text(text.replace("ends at 93.75%", "loses 1.5e-3 (1.50e-3)"))  # train_loss 0.0015, as 1.5e-3
+    assert audit.main([str(site)]) == 0
+    site.write_text(text.replace("ends at 93.75%", "took 5.2 s a step"))
+    assert audit.main([str(site)]) == 1
+    site.write_text(text.replace("ends at 93.75%", "took 5.2 s a step\n<!-- not from records: a timing: 5.2 -->"))
+    assert audit.main([str(site)]) == 0
 
 
 @pytest.mark.parametrize(
