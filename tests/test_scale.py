@@ -94,7 +94,7 @@ def test_scale_cli_writes_the_rule_the_tables_and_the_plot(main, tmp_path):
     page = (tmp_path / "page" / "summary.md").read_text()
     assert "| quick | 2parity | 75.00 | 4 | 0/4 | 4/4 | 0/4 | fails |" in page
     assert "| w64d4 | 2parity | 75.00 | 4 | 4/4 | 4/4 | 4/4 | passes |" in page
-    assert "| w64d4 | 2parity | mask | 4 | 4/4 | 4/4 | 4/4 | 1 / 0.0286 |" in page
+    assert "| w64d4 | 2parity | mask | 4 | 4/4 | 4/4 | 4/4 | 1 / 0.0286 / 0.0286 |" in page
     assert "| w64d4 | 2parity | mask | 4 | 1 +- 0 | -3 | 1 |" in page  # unseen mean: the MDI's -3, the target's 1
     flops = study.train_flops(ModelConfig(32, 2, 2, 16, 32), 16, 256) * 100
     assert f"| quick | 2parity | 32 x 2 | 100 | {flops / 1e9:.4g} | 10 (median of 4) |" in page
