@@ -3,7 +3,6 @@
 import importlib.util
 import json
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -106,23 +105,55 @@ def test_tinystories_local_files(tmp_path):
     assert corpus.test == ("Valid one.", "Valid two.")
 
 
-def test_hf_route_through_a_fake_datasets_module(monkeypatch):
-    calls = []
+def _hub_like_repo(root: Path, files: dict[str, list[str]], configs: dict[str, dict[str, str]]) -> Path:
+    """A folder laid out like a hub dataset repo: parquet files of one `text` column, and a README.md whose
+    `configs:` maps each config's splits to file patterns, as the hub repos' dataset cards do."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    def load_dataset(*args):
-        calls.append(args)
-        if args[0] == "wikitext":
-            return {split: {"text": WIKI} for split in ("train", "validation", "test")}
-        rows = [f"Story {i}.\n\nThe end." for i in range(100)]
-        return {"train": {"text": rows}, "validation": {"text": ["Valid.", ""]}}
+    for name, rows in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": pa.array(rows, pa.string())}), root / name)
+    card = "---\nconfigs:\n"
+    for config, splits in configs.items():
+        card += f"- config_name: {config}\n  data_files:\n"
+        card += "".join(f"  - split: {split}\n    path: {pattern}\n" for split, pattern in splits.items())
+    (root / "README.md").write_text(card + "---\n")
+    return root
 
-    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
-    wiki = load_corpus("wikitext2")
-    assert wiki.validation == tuple(text.wikitext_documents(WIKI))
-    stories = load_corpus("tinystories")
-    assert stories.validation == ("Story 99.\n\nThe end.",) and len(stories.train) == 99
-    assert stories.test == ("Valid.",)  # empty rows dropped
-    assert calls == [("wikitext", "wikitext-2-raw-v1"), ("roneneldan/TinyStories",)]
+
+def test_hf_route_reads_hub_like_folders_with_the_real_datasets_library(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # not the user's cache
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    splits = ("train", "validation", "test")
+    wiki = _hub_like_repo(
+        tmp_path / "wikitext",
+        {
+            f"{c}/{s}-00000-of-00001.parquet": WIKI + ([" = Only103 = "] if "103" in c else [])
+            for c in ("wikitext-2-raw-v1", "wikitext-103-raw-v1")
+            for s in splits
+        },
+        {c: {s: f"{c}/{s}-*" for s in splits} for c in ("wikitext-103-raw-v1", "wikitext-2-raw-v1")},
+    )
+    stories = [f"Story {i}.\n\nThe end." for i in range(100)]
+    tiny = _hub_like_repo(
+        tmp_path / "TinyStories",
+        {
+            "data/train-00000-of-00002-a.parquet": stories[:40],
+            "data/train-00001-of-00002-b.parquet": stories[40:],
+            "data/validation-00000-of-00001-c.parquet": ["Valid.", ""],
+        },
+        {"default": {"train": "data/train-*", "validation": "data/validation-*"}},
+    )
+    (tiny / "TinyStories-train.txt").write_text("not read: the card's configs name the parquet files\n")
+    monkeypatch.setitem(text.HF_SOURCES, "wikitext2", (str(wiki), "wikitext-2-raw-v1"))
+    monkeypatch.setitem(text.HF_SOURCES, "tinystories", (str(tiny), None))
+    corpus = load_corpus("wikitext2")
+    assert corpus.validation == tuple(text.wikitext_documents(WIKI)) and "Only103" not in "".join(corpus.train)
+    corpus = load_corpus("tinystories")
+    assert corpus.validation == ("Story 99.\n\nThe end.",) and len(corpus.train) == 99
+    assert corpus.test == ("Valid.",)  # empty rows dropped
 
 
 def test_hf_route_without_datasets_says_how_to_install(monkeypatch):

@@ -118,7 +118,31 @@ def test_cifar_through_tfds_mock_data():
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=6):
         data = images.load_cifar("cifar10")
-    assert data.train_images.shape[1:] == (32, 32, 3) and data.num_classes == 10
+    assert data.train_images.shape == (6, 32, 32, 3) and data.train_images.dtype == np.uint8
+    assert data.test_labels.dtype == np.int32 and data.num_classes == 10
+
+
+def test_cifar_through_tfds_prepared_from_binary_files(tmp_path):
+    """The real route: tfds's own cifar10 builder prepares fake CIFAR binary files (download_and_extract
+    patched to the folder), then the loader reads them, split sizes known, as after a real download."""
+    from unittest import mock
+
+    tfds = pytest.importorskip("tensorflow_datasets")
+    src = tmp_path / "extracted" / "cifar-10-batches-bin"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    written = {}
+    for name, n in [(f"data_batch_{i}.bin", 2) for i in range(1, 6)] + [("test_batch.bin", 3)]:
+        labels, pixels = rng.integers(0, 10, n, dtype=np.uint8), rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        (src / name).write_bytes(np.concatenate([labels[:, None], pixels], 1).tobytes())
+        written.update({bytes(p): int(lab) for lab, p in zip(labels, pixels, strict=True)})
+    (src / "batches.meta.txt").write_text("\n".join(f"c{i}" for i in range(10)) + "\n")
+    with mock.patch.object(tfds.download.DownloadManager, "download_and_extract", return_value=str(src.parent)):
+        tfds.builder("cifar10", data_dir=tmp_path / "tfds").download_and_prepare()
+    data = images._load_tfds("cifar10", 10, data_dir=tmp_path / "tfds")
+    assert data.train_images.shape == (10, 32, 32, 3) and data.test_images.shape == (3, 32, 32, 3)
+    for image, label in zip(data.train_images, data.train_labels, strict=True):  # tfds shuffles; match by content
+        assert written[image.transpose(2, 0, 1).tobytes()] == label
 
 
 def test_image_folder_loader(tmp_path):

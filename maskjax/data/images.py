@@ -120,7 +120,7 @@ def load_cifar(name: str, data_dir: Path | None = None) -> ImageData:
     return ImageData(name, *_cifar_arrays(train, key), *_cifar_arrays(test, key), classes)
 
 
-def _load_tfds(name: str, num_classes: int) -> ImageData:
+def _load_tfds(name: str, num_classes: int, data_dir: Path | None = None) -> ImageData:
     """A tfds image dataset read into numpy once (train and test splits)."""
     try:
         import tensorflow_datasets as tfds
@@ -131,8 +131,13 @@ def _load_tfds(name: str, num_classes: int) -> ImageData:
         ) from None
     arrays = {}
     for split in ("train", "test"):
-        batch = tfds.as_numpy(tfds.load(name, split=split, batch_size=-1))
-        arrays[split] = (np.asarray(batch["image"], np.uint8), np.asarray(batch["label"], np.int32))
+        # Not batch_size=-1: under tfds.testing.mock_data the split sizes are unknown, tfds then asks
+        # TensorFlow for padded_batch(sys.maxsize), which aborts the process (std::length_error, TF 2.16-2.21).
+        chunks = list(tfds.as_numpy(tfds.load(name, split=split, batch_size=10_000, data_dir=data_dir)))
+        arrays[split] = (
+            np.concatenate([c["image"] for c in chunks]).astype(np.uint8),
+            np.concatenate([c["label"] for c in chunks]).astype(np.int32),
+        )
     return ImageData(name, *arrays["train"], *arrays["test"], num_classes)
 
 

@@ -33,6 +33,12 @@ EOS = "<|endoftext|>"  # TinyStories' story separator, and the `text` corpus's d
 BROWN_FILE = re.compile(r"c[a-r]\d\d")
 WIKITEXT_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
 TINYSTORIES_FILES = {"train": "TinyStories-train.txt", "validation": "TinyStories-valid.txt"}
+# Hub repositories (and config) of the `datasets` route. Tests point these at local folders laid out like
+# the hub repos (README.md with `configs:` and the parquet files), read by the real `datasets` library.
+HF_SOURCES = {
+    "wikitext2": ("Salesforce/wikitext", "wikitext-2-raw-v1"),
+    "tinystories": ("roneneldan/TinyStories", None),
+}
 LANGUAGE_EXTRA = 'the `datasets` library is not installed: `pip install -e ".[language]"`, or pass --data-dir'
 
 
@@ -158,7 +164,7 @@ def load_wikitext2(data_dir: Path | None = None) -> TextCorpus:
         directory = _folder(data_dir, "wikitext2", "wiki.train.raw, wiki.valid.raw and wiki.test.raw")
         lines = {split: _read_text(directory / file).splitlines() for split, file in WIKITEXT_FILES.items()}
     else:
-        dataset = _hf_dataset("wikitext", "wikitext-2-raw-v1")
+        dataset = _hf_dataset("wikitext2")
         lines = {split: dataset[split]["text"] for split in SPLITS}
     return TextCorpus("wikitext2", *(tuple(wikitext_documents(lines[split])) for split in SPLITS))
 
@@ -211,7 +217,7 @@ def load_tinystories(data_dir: Path | None = None) -> TextCorpus:
                 return tinystories_splits(stories(train), stories(valid))
         except UnicodeDecodeError as error:
             raise ConfigError(f"a TinyStories file in {directory} is not UTF-8 text ({error.reason})") from None
-    dataset = _hf_dataset("roneneldan/TinyStories")
+    dataset = _hf_dataset("tinystories")
     rows = {split: (text + EOS for text in dataset[split]["text"]) for split in ("train", "validation")}
     return tinystories_splits(stories(rows["train"]), stories(rows["validation"]))
 
@@ -285,10 +291,11 @@ def _folder(data_dir: Path, name: str, holds: str) -> Path:
     return directory
 
 
-def _hf_dataset(*args: str):
-    """`datasets.load_dataset(*args)`, imported only here: the library is an optional extra."""
+def _hf_dataset(corpus: str):
+    """`datasets.load_dataset` on HF_SOURCES[corpus], imported only here: the library is an optional extra."""
     try:
         import datasets
     except ImportError:
         raise ConfigError(LANGUAGE_EXTRA) from None
-    return datasets.load_dataset(*args)
+    repo, config = HF_SOURCES[corpus]
+    return datasets.load_dataset(repo, config)
