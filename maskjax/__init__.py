@@ -9,7 +9,7 @@ from maskjax.attention import (
     mask_bias,
     masked_attention,
 )
-from maskjax.bias import MaskBias, NNXMaskBias, with_mask_bias
+from maskjax.bias import MaskBias, NNXMaskBias, decay_mask, with_mask_bias, with_mask_params
 
 __all__ = [
     "MaskBias",
@@ -18,9 +18,11 @@ __all__ = [
     "NNXMaskedSelfAttention",
     "attention_weights",
     "check_mask_logits",
+    "decay_mask",
     "fused_attention",
     "mask_bias",
     "masked_attention",
     "with_mask_bias",
+    "with_mask_params",
 ]
 __version__ = "0.1.0"

@@ -80,8 +80,8 @@ def check_bias_mode(owner: str, mask_mode: str) -> None:
 class MaskBias(nn.Module):
     """Owns the mask (param `mask_logits`, or a `constants` variable when fixed) and hands back an attention_fn.
 
-        attention_fn = MaskBias(heads, length, mask_init=prior)()
-        y = nn.MultiHeadDotProductAttention(num_heads=heads, attention_fn=attention_fn)(x)
+    attention_fn = MaskBias(heads, length, mask_init=prior)()
+    y = nn.MultiHeadDotProductAttention(num_heads=heads, attention_fn=attention_fn)(x)
     """
 
     heads: int
@@ -104,9 +104,9 @@ class MaskBias(nn.Module):
 class NNXMaskBias(nnx.Module):
     """The NNX twin of `MaskBias`: an attention_fn that owns the mask (nnx.Param, or `FixedMask` when fixed).
 
-        attention = nnx.MultiHeadAttention(heads, features, decode=False,
-                                           attention_fn=NNXMaskBias(heads, length, mask_init=prior, rngs=rngs),
-                                           rngs=rngs)
+    attention = nnx.MultiHeadAttention(heads, features, decode=False,
+                                       attention_fn=NNXMaskBias(heads, length, mask_init=prior, rngs=rngs),
+                                       rngs=rngs)
     """
 
     def __init__(
@@ -126,7 +126,42 @@ class NNXMaskBias(nnx.Module):
 
     def __call__(self, query, key, value, bias=None, mask=None, *, query_positions=None, **kwargs):
         biased = with_mask_bias(
-            self.mask_logits[...], mask_scale=self.mask_scale, attention_fn=self.attention_fn,
+            self.mask_logits[...],
+            mask_scale=self.mask_scale,
+            attention_fn=self.attention_fn,
             query_positions=query_positions,
         )
         return biased(query, key, value, bias=bias, mask=mask, **kwargs)
+
+
+MASK_PARAM = "mask_logits"
+
+
+def is_mask(path: Sequence, leaf: object = None) -> bool:
+    """Whether a parameter-tree path (from `jax.tree_util.tree_flatten_with_path`) ends in a mask."""
+    del leaf
+    last = path[-1] if path else None
+    return getattr(last, "key", getattr(last, "name", None)) == MASK_PARAM
+
+
+def decay_mask(params: object) -> object:
+    """For `optax.adamw(..., mask=maskjax.decay_mask)` (or `optax.add_decayed_weights`): True for every
+    parameter except the masks, so weight decay leaves M alone whatever the host decays by default."""
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: not is_mask(path), params)
+
+
+def with_mask_params(pretrained: dict, initialised: dict) -> dict:
+    """A masked model's parameters from a pretrained checkpoint of the unmasked model: every parameter from
+    `pretrained`, every mask from `initialised` (the masked model's own `init`). Anything else that differs
+    is an error that names it, so a checkpoint of another model is not silently mixed in."""
+    given = dict(jax.tree_util.tree_flatten_with_path(pretrained)[0])
+    wanted = dict(jax.tree_util.tree_flatten_with_path(initialised)[0])
+    missing = [jax.tree_util.keystr(p) for p in wanted if not is_mask(p) and p not in given]
+    extra = [jax.tree_util.keystr(p) for p in given if p not in wanted]
+    if missing or extra:
+        parts = [
+            f"missing {', '.join(missing)}" if missing else "",
+            f"not in the model {', '.join(extra)}" if extra else "",
+        ]
+        raise ConfigError("the pretrained parameters do not fit the masked model: " + "; ".join(filter(None, parts)))
+    return jax.tree_util.tree_map_with_path(lambda path, leaf: leaf if is_mask(path) else given[path], initialised)

@@ -62,8 +62,10 @@ def test_a_fixed_mask_lives_in_constants_and_an_optimizer_step_leaves_it():
     grads = jax.grad(lambda p: jnp.sum(block.apply({"params": p, "constants": constants}, x) ** 2))(params)
     updates, _ = optimizer.update(grads, state)
     moved = optax.apply_updates(params, updates)
-    assert not np.allclose(moved["MultiHeadDotProductAttention_0"]["query"]["kernel"],
-                           params["MultiHeadDotProductAttention_0"]["query"]["kernel"])
+    assert not np.allclose(
+        moved["MultiHeadDotProductAttention_0"]["query"]["kernel"],
+        params["MultiHeadDotProductAttention_0"]["query"]["kernel"],
+    )
     np.testing.assert_array_equal(np.asarray(constants["MaskBias_0"]["mask_logits"][0]), PATTERN)
 
 
@@ -74,7 +76,9 @@ def test_decoding_token_by_token_with_the_cache_equals_the_causal_forward():
     cache = variables["cache"]
     for t in range(LENGTH):
         step, state = LinenBlock(decode=True).apply(
-            {"params": variables["params"], "cache": cache}, x[:, t : t + 1], query_positions=jnp.array([t]),
+            {"params": variables["params"], "cache": cache},
+            x[:, t : t + 1],
+            query_positions=jnp.array([t]),
             mutable=["cache"],
         )
         cache = state["cache"]
@@ -104,8 +108,10 @@ def test_nnx_attention_with_mask_bias_equals_masked_attention_and_trains_only_pa
     bias = NNXMaskBias(HEADS, LENGTH, mask_mode=mode, mask_init=PATTERN, rngs=rngs)
     model = nnx.MultiHeadAttention(HEADS, FEATURES, attention_fn=bias, decode=False, rngs=rngs)
     x = jax.random.normal(jax.random.key(0), (2, LENGTH, FEATURES))
-    params = {n: {"kernel": getattr(model, n).kernel[...], "bias": getattr(model, n).bias[...]}
-              for n in ("query", "key", "value", "out")}
+    params = {
+        n: {"kernel": getattr(model, n).kernel[...], "bias": getattr(model, n).bias[...]}
+        for n in ("query", "key", "value", "out")
+    }
     chex.assert_trees_all_close(model(x), reference(params, x, PATTERN), rtol=1e-5, atol=1e-5)
     optimizer = nnx.Optimizer(model, optax.adam(0.1), wrt=nnx.Param)
     before = np.asarray(model.attention_fn.mask_logits[...])
@@ -140,3 +146,37 @@ def test_bad_drop_in_masks_are_refused_in_words(kwargs, message):
         MaskBias(2, 4, **kwargs).init(jax.random.key(0))
     with pytest.raises(ValueError, match=message):
         NNXMaskBias(2, 4, **kwargs, rngs=nnx.Rngs(0))
+
+
+class _Host(nn.Module):
+    """A host block: Flax's attention and a Dense, with or without the drop-in mask."""
+
+    masked: bool
+
+    @nn.compact
+    def __call__(self, x):
+        kwargs = {"attention_fn": MaskBias(2, 4, mask_init=np.full((2, 4, 4), 3.0))()} if self.masked else {}
+        return nn.Dense(8)(nn.MultiHeadDotProductAttention(num_heads=2, **kwargs)(x))
+
+
+def test_pretrained_weights_load_into_the_masked_model_and_decay_skips_the_mask():
+    x = jax.random.normal(jax.random.key(0), (2, 4, 8))
+    pretrained = _Host(False).init(jax.random.key(1), x)["params"]
+    initialised = _Host(True).init(jax.random.key(2), x)["params"]
+    params = maskjax.with_mask_params(pretrained, initialised)
+    chex.assert_trees_all_equal(params["MaskBias_0"], initialised["MaskBias_0"])
+    chex.assert_trees_all_equal({k: v for k, v in params.items() if k != "MaskBias_0"}, pretrained)
+    # an open mask (log_sigmoid(M) ~ 0 everywhere) leaves the pretrained model's function unchanged
+    opened = {**params, "MaskBias_0": {"mask_logits": jnp.full((2, 4, 4), 30.0)}}
+    np.testing.assert_allclose(
+        _Host(True).apply({"params": opened}, x), _Host(False).apply({"params": pretrained}, x), atol=1e-6
+    )
+    decays = maskjax.decay_mask(params)
+    assert decays["MaskBias_0"]["mask_logits"] is False and decays["Dense_0"]["kernel"] is True
+    optimizer = optax.adamw(1e-2, weight_decay=0.5, mask=maskjax.decay_mask)
+    updates, _ = optimizer.update(jax.tree.map(jnp.zeros_like, params), optimizer.init(params), params)
+    assert not np.any(updates["MaskBias_0"]["mask_logits"]) and np.any(updates["Dense_0"]["kernel"])
+    with pytest.raises(ValueError, match=r"missing \['Dense_0'\]\['bias'\]"):
+        maskjax.with_mask_params({**pretrained, "Dense_0": {"kernel": pretrained["Dense_0"]["kernel"]}}, initialised)
+    with pytest.raises(ValueError, match=r"not in the model \['Extra'\]"):
+        maskjax.with_mask_params({**pretrained, "Extra": jnp.zeros(2)}, initialised)
