@@ -116,3 +116,13 @@ def test_profile_names_the_kernels_of_a_traced_chunk(main):
     kernel_rows = result.stdout.split("| kernel | ms/step |")[1].strip().splitlines()[2:]
     assert len(kernel_rows) > 10 and all(float(row.split(" | ")[1]) >= 0 for row in kernel_rows)
     assert any("GotuTransformer" in row and "block_0/attn" in row for row in kernel_rows)
+
+
+@pytest.mark.parametrize("study", ["boolean", "arithmetic", "vision", "language"])
+def test_every_study_has_a_pytorch_peer_that_runs(main, study):
+    pytest.importorskip("torch", reason="the PyTorch peers need the bench extra (pip install -e '.[bench]')")
+    result = main("benchmarks.step", f"--study={study}", "--preset=test", "--seeds=1", "--steps=2", "--repeats=1")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["torch"]["step_seconds"] > 0 and summary["torch"]["version"].startswith("2.")
+    assert "torch eager, 1 seed:" in result.stderr and "x |" in result.stdout  # the "vs torch" column is filled

@@ -28,7 +28,7 @@ MDI = [{"task": "majority3", "method": "mdi", "acc_all": 0.875}]
 def test_count_table_counts_seeds_above_the_mdi_with_fishers_test_against_vanilla():
     table = report.count_table(RECORDS, MDI)
     assert "| majority3 | vanilla | 8 | 8/8 | 0/8 | 0/8 | - |" in table
-    assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 |" in table
+    assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 / 0.2 |" in table
 
 
 def test_per_seed_table_has_a_column_per_seed_and_marks_diverged_runs():
@@ -52,7 +52,7 @@ def test_summarize_merges_folders_and_refuses_the_same_run_twice(cli, main, tmp_
     assert result.returncode == 0, result.stderr
     page = out.read_text()
     assert "commit aaaaaaa" in page and "commit bbbbbbb" in page
-    assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 |" in page and "| majority3 | mdi |" in page
+    assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 / 0.2 |" in page and "| majority3 | mdi |" in page
     again = main("experiments.summarize", str(tmp_path / "a"), str(tmp_path / "a"), f"--out={out}")
     assert again.returncode == 2 and "twice" in again.stderr and "Traceback" not in again.stderr
     missing = main("experiments.summarize", str(tmp_path / "nope"), f"--out={out}")
