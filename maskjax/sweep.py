@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import priors, qk_priors, report
+from maskjax import priors, probes, qk_priors, report
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
@@ -118,6 +118,14 @@ def sown(model: Any, variables: dict, x: jax.Array, name: str) -> jax.Array:
     _, state = model.apply(variables, x, mutable=["intermediates"])
     blocks = state["intermediates"]
     return jnp.stack([blocks[f"block_{i}"]["attn"][name][0] for i in range(model.config.depth)])
+
+
+def attention_drift(model: Any, start: dict, variables: dict, x: jax.Array) -> jax.Array:
+    """How far every layer's attention on the inputs x moved from where it started: the rows' total
+    variation from `start`'s attention, averaged over inputs, heads and queries, [layers]. The drift probe
+    the vision and language studies share."""
+    now, then = sown(model, variables, x, "attention"), sown(model, start, x, "attention")
+    return probes.row_total_variation(now, then).mean(axis=(1, 2, 3))
 
 
 def mask_logits_of(model: Any, method: Method, variables: dict) -> jax.Array:

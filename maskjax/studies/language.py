@@ -240,11 +240,9 @@ def run_batch(
         variables = variables_of(state.params, state.constants)
         start = variables_of(initial.params, initial.constants)
         nll = window_nll(model.apply(variables, val_x[:, :-1]), val_x)
-        attention = sweep.sown(model, variables, drift_x, "attention")
-        attention_0 = sweep.sown(model, start, drift_x, "attention")
         out = {
             "val_loss": (nll * val_w).sum() / val_w.sum(),
-            "attention_drift": probes.row_total_variation(attention, attention_0).mean(axis=(1, 2, 3)),
+            "attention_drift": sweep.attention_drift(model, start, variables, drift_x),
         }
         if has_mask:
             out |= probes.mask_persistence(mask_profiles(model, method, start), mask_profiles(model, method, variables))

@@ -260,17 +260,16 @@ def run_batch(
 
     def probe(initial, state) -> dict[str, jax.Array]:
         variables = variables_of(state.params, state.constants)
+        start = variables_of(initial.params, initial.constants)
         logits = model.apply(variables, vt.normalise(probe_x, mean, std))
-        attention = sweep.sown(model, variables, drift_x, "attention")
-        attention_0 = sweep.sown(model, variables_of(initial.params, initial.constants), drift_x, "attention")
         out = {
             "test_acc_probe": (logits.argmax(-1) == probe_y).mean(),
             "test_loss_probe": optax.softmax_cross_entropy_with_integer_labels(logits, probe_y).mean(),
-            "attention_drift": probes.row_total_variation(attention, attention_0).mean(axis=(1, 2, 3)),
+            "attention_drift": sweep.attention_drift(model, start, variables, drift_x),
         }
         if has_mask:
             out |= probes.mask_persistence(
-                sweep.mask_logits_of(model, method, variables_of(initial.params, initial.constants)),
+                sweep.mask_logits_of(model, method, start),
                 sweep.mask_logits_of(model, method, variables),
             )
         return out
