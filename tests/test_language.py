@@ -228,3 +228,13 @@ def test_ngram_cli_writes_its_floors(cli, tmp_path, tiny_text):
     assert [r["method"] for r in records] == ["unigram", "bigram"]
     assert records[1]["test_ppl"] < records[0]["test_ppl"] and records[0]["git_commit"]
     assert "| text | bigram |" in (out / "summary.md").read_text()
+
+
+def test_the_medium_preset_is_the_rung_the_ladder_passed():
+    """docs/results/language_ladder.md names `medium`; its config is that run's, field for field."""
+    import dataclasses
+    from pathlib import Path
+
+    ran = json.loads((Path(__file__).parent.parent / "docs/results/language_ladder/l128d4/config.json").read_text())
+    medium = dataclasses.asdict(study.get_preset("medium"))
+    assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}

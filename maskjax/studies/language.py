@@ -90,6 +90,16 @@ PRESETS: dict[str, LanguageConfig] = {
     "quick": LanguageConfig(
         "quick", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256), context=128, steps=300
     ),
+    # Named by docs/design.md's rule ("Sizes that learn"): the first rung at which vanilla's test bits per
+    # byte are below the bigram on the same tokens in every seed (docs/results/language_ladder.md):
+    # 4 x 128 on a 1024-token BPE, 2,000 steps of 32 windows of 128 tokens.
+    "medium": LanguageConfig(
+        "medium",
+        ModelConfig(dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512),
+        context=128,
+        steps=2000,
+        vocab_size=1024,
+    ),
     "test": LanguageConfig(
         "test",
         ModelConfig(dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32),
