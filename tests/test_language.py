@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from golden_check import assert_matches_golden
 
 from maskjax.attention import alibi_bias, toeplitz_logits
 from maskjax.methods import get_method
@@ -170,6 +171,7 @@ def test_cli_writes_every_output(cli, tmp_path, tiny_text):
         assert (out / name).exists(), name
     assert "sign test" in (out / "summary.md").read_text()
     assert list((tmp_path / "cache").glob("bpe-*.json"))
+    assert_matches_golden(records, "language")  # pinned before the study interface moves (issue 30)
 
 
 @pytest.mark.parametrize(

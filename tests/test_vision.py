@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from golden_check import assert_matches_golden
 
 from maskjax import priors
 from maskjax.data import images
@@ -248,6 +249,7 @@ def test_cli_end_to_end_and_batch_equals_alone(cli, tmp_path, tiny_fashion):
     for png in ("curves_fashion_mnist_0.5.png", "attention_fashion_mnist_1.png", "mask_fashion_mnist_1_mask.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "mask against each method, paired by seed" in (out / "summary.md").read_text()
+    assert_matches_golden(records, "vision")  # pinned before the study interface moves (issue 30)
     alone = tmp_path / "alone"
     result = cli("experiments.vision", *common, "--train-fraction=0.5", "--seeds=1", "--methods=mask", f"--out={alone}")
     assert result.returncode == 0, result.stderr
