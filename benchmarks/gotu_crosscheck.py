@@ -194,13 +194,10 @@ def run(task: BooleanTask, method: Method, seed: int, config: boolean.BooleanCon
 
 def per_seed_table(records: list[dict]) -> str:
     """One row per method and seed: accuracies in percent, t and the unseen corner's prediction beside 4t - 3."""
-    lines = [
-        "| method | seed | acc_all (%) | acc_unseen (%) | train_loss | t | 4t-3 | unseen mean |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["method", "seed", "acc_all (%)", "acc_unseen (%)", "train_loss", "t", "4t-3", "unseen mean"]
+    lines = report.markdown_head(header)
     for r in records:
-        cells = [report.cell(r[k], k) for k in PER_SEED_KEYS]
-        lines.append(f"| {r['method']} | {r['seed']} | " + " | ".join(cells) + " |")
+        lines.append(report.markdown_row([r["method"], r["seed"], *(report.cell(r[k], k) for k in PER_SEED_KEYS)]))
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from experiments import scale
@@ -26,9 +27,8 @@ RESULTS = ROOT / "docs" / "results"
 LEDGERS = (ROOT / "docs" / "claims.md", ROOT / "README.md")
 
 
-def audit_page(path: Path, elsewhere: set[str], write: bool) -> list[str]:
+def audit_page(path: Path, text: str, elsewhere: set[str], write: bool) -> list[str]:
     """The problems of one page (empty when it agrees with its records)."""
-    text = path.read_text()
     fresh = pages.refresh(text, path.parent, KINDS)
     problems = []
     if fresh != text:
@@ -58,31 +58,30 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         if not path.is_file():
             raise UserError(f"{path} is not a page")
-    texts = {path: path.read_text() for path in paths}
-    every = {path.resolve(): pages.generated_numbers(path.read_text()) for path in sorted(RESULTS.glob("*.md"))}
-    every |= {path.resolve(): pages.generated_numbers(text) for path, text in texts.items()}
+    texts = {path.resolve(): path.read_text() for path in [*sorted(RESULTS.glob("*.md")), *paths]}
+    every = {path: pages.generated_numbers(text) for path, text in texts.items()}
     failed = 0
     for path in paths:
+        text = texts[path.resolve()]
         elsewhere = set().union(*(numbers for other, numbers in every.items() if other != path.resolve()))
-        problems = audit_page(path, elsewhere, args.write)
-        tables = pages.tables_in(texts[path])
+        problems = audit_page(path, text, elsewhere, args.write)
+        tables = pages.tables_in(text)
         if problems:
             failed += 1
             print(f"FAIL {path}: " + "\n".join(problems))
         else:
             print(f"ok   {path}: {tables} generated table{'s' if tables != 1 else ''}")
     if not args.pages:
-        failed += audit_ledgers()
+        failed += audit_ledgers(texts.values())
     if failed:
         print(f"{failed} pages disagree with their records", file=sys.stderr)
         return 1
     return 0
 
 
-def audit_ledgers() -> int:
-    """claims.md and README quote the results pages: each decimal number they quote, in text or in their own
-    tables, must be one a results page's table shows (or explains as not from records)."""
-    texts = [path.read_text() for path in sorted(RESULTS.glob("*.md"))]
+def audit_ledgers(texts: Iterable[str]) -> int:
+    """claims.md and README quote the results pages (`texts`): each decimal number they quote, in text or in
+    their own tables, must be one a results page's table shows (or explains as not from records)."""
     shown = set().union(*(pages.table_numbers(t) | pages.explained_numbers(t) for t in texts))
     failed = 0
     for path in LEDGERS:

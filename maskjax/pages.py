@@ -82,8 +82,8 @@ def field_value(record: dict, path: str) -> float | None:
         if value is None:
             return None
         if step.startswith("@"):
-            probes = np.asarray(record["drift_steps"], np.float64)
-            value = value[int(np.argmin(np.abs(probes - float(step[1:]) * record["steps"])))]
+            probe_steps = np.asarray(record["drift_steps"], np.float64)
+            value = value[int(np.argmin(np.abs(probe_steps - float(step[1:]) * record["steps"])))]
         elif step in ("max", "min", "mean"):
             value = float(getattr(np, step)(np.asarray(value, np.float64)))
         else:
@@ -95,10 +95,10 @@ def _values(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     """One row per record: its `by` fields, then each of `fields` (paths as `field_value` reads them)."""
     by, fields = _names(params["by"]), _names(params["fields"])
     header = [*by, *[f"{f} (%)" if report.is_accuracy(f) else f for f in fields]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = report.markdown_head(header)
     for r in records:
         cells = ["-" if (v := field_value(r, f)) is None else report.cell(v, f) for f in fields]
-        lines.append("| " + " | ".join([*(str(r.get(b, "-")) for b in by), *cells]) + " |")
+        lines.append(report.markdown_row([*(r.get(b, "-") for b in by), *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -116,7 +116,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
             groups.setdefault((r["source"], *(r.get(b) for b in by)), []).append(r)
     seeds = sorted({r["seed"] for rows in groups.values() for r in rows})
     header = ["rung", *by, *[f"seed {s}" for s in seeds], "reference", "pass", "rule"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = report.markdown_head(header)
     for (source, *group), rows in groups.items():
         if family == "vision":
             fraction = rows[0]["train_fraction"]
@@ -133,11 +133,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
         by_seed = {r["seed"]: r.get(key) for r in rows}
         cells = [report.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
         verdict = "passes" if rule["passes"] else "fails"
-        lines.append(
-            "| "
-            + " | ".join([source, *map(str, group), *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict])
-            + " |"
-        )
+        lines.append(report.markdown_row([source, *group, *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict]))
     return "\n".join(lines) + "\n"
 
 
@@ -244,10 +240,19 @@ ARXIV_ID = re.compile(r"\b\d{4}\.\d{5}\b")
 _CODE = re.compile(r"`[^`]*`")
 
 
+def numbers_in(text: str) -> list[str]:
+    """The decimal numbers written in a piece of text, a leading + dropped."""
+    return [m.group().lstrip("+") for m in NUMBER.finditer(text)]
+
+
+def quoted_numbers(line: str) -> list[str]:
+    """The decimal numbers a line quotes: not inside code spans, and not an arXiv id."""
+    return numbers_in(ARXIV_ID.sub("", _CODE.sub("", line)))
+
+
 def table_numbers(text: str) -> set[str]:
     """Every decimal number a table on the page shows (any table row, generated or not)."""
-    rows = [line for line in text.splitlines() if line.startswith("|")]
-    return {m.group().lstrip("+") for row in rows for m in NUMBER.finditer(row)}
+    return {n for line in text.splitlines() if line.startswith("|") for n in numbers_in(line)}
 
 
 def prose_numbers(text: str) -> list[str]:
@@ -258,7 +263,7 @@ def prose_numbers(text: str) -> list[str]:
             fenced = not fenced
         if fenced or line.startswith(("|", "    ", "```", "#")):
             continue
-        found.extend(m.group().lstrip("+") for m in NUMBER.finditer(ARXIV_ID.sub("", _CODE.sub("", line))))
+        found.extend(quoted_numbers(line))
     return found
 
 
@@ -286,15 +291,14 @@ def unshown_quotes(text: str, elsewhere: set[str] = frozenset()) -> list[str]:
 def explained_numbers(text: str) -> set[str]:
     """Numbers a page lists in a `<!-- not from records: why, numbers -->` comment: quotes of what no record
     holds (corpus sizes, a timing the text gives with its command), each exception written down."""
-    return {m.group().lstrip("+") for comment in HAND.findall(text) for m in NUMBER.finditer(comment)}
+    return {n for comment in HAND.findall(text) for n in numbers_in(comment)}
 
 
 def ledger_numbers(text: str) -> list[str]:
     """Every decimal number a ledger page (claims.md, README) quotes, in its text and in its own tables:
     its tables are quotes of the results pages, not results."""
-    cells = [line for line in text.splitlines() if line.startswith("|")]
-    quoted = [m.group().lstrip("+") for row in cells for m in NUMBER.finditer(ARXIV_ID.sub("", _CODE.sub("", row)))]
-    return quoted + prose_numbers(text)
+    cells = [n for line in text.splitlines() if line.startswith("|") for n in quoted_numbers(line)]
+    return cells + prose_numbers(text)
 
 
 def generated_numbers(text: str) -> set[str]:

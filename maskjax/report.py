@@ -142,6 +142,16 @@ def is_accuracy(key: str) -> bool:
     return key.startswith("acc") or key.endswith("_acc")
 
 
+def markdown_row(cells: Sequence[object]) -> str:
+    """One row of a markdown table, each cell as str() prints it."""
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def markdown_head(header: Sequence[str]) -> list[str]:
+    """A markdown table's header row and the rule under it."""
+    return [markdown_row(header), "|" + "---|" * len(header)]
+
+
 def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequence[str]) -> str:
     """A markdown table: one row per group, mean +- std (sample std over seeds) of each key.
 
@@ -152,12 +162,12 @@ def summary_table(records: Sequence[dict], keys: Sequence[str], group_by: Sequen
     for r in records:
         groups.setdefault(tuple(r.get(g, "-") for g in group_by), []).append(r)
     header = [*group_by, "seeds", "diverged", *[f"{k} (%)" if is_accuracy(k) else k for k in keys]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [*markdown_head(header)]
     for group, rows in groups.items():
         seeded = [r for r in rows if "seed" in r]
         counts = [str(len(seeded)), str(sum(bool(r.get("diverged")) for r in seeded))] if seeded else ["-", "-"]
         cells = [mean_std([r.get(k) for r in rows], *((100.0, ".2f") if is_accuracy(k) else ())) for k in keys]
-        lines.append("| " + " | ".join([*map(str, group), *counts, *cells]) + " |")
+        lines.append(markdown_row([*group, *counts, *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -177,10 +187,10 @@ def per_seed_table(records: Sequence[dict], key: str, group_by: Sequence[str]) -
         groups.setdefault(tuple(r[g] for g in group_by), {})[r["seed"]] = r
     title = f"{key} (%)" if is_accuracy(key) else key
     header = [*group_by, *[f"seed {s}" for s in seeds]]
-    lines = [f"{title}, per seed:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"{title}, per seed:", "", *markdown_head(header)]
     for group, by_seed in groups.items():
         cells = [cell(by_seed[s].get(key), key) if s in by_seed else "-" for s in seeds]
-        lines.append("| " + " | ".join([*map(str, group), *cells]) + " |")
+        lines.append(markdown_row([*group, *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -214,8 +224,7 @@ def paired_table(
     lines = [
         f"{reference} against each method, paired by seed ({key}{' in points' if scale == 100 else ''}{direction}):",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *markdown_head(header),
     ]
     for group, methods in keyed.items():
         ours = methods.get(reference, {})
@@ -228,17 +237,15 @@ def paired_table(
             if lower_is_better:
                 wins, losses = losses, wins
             lines.append(
-                "| "
-                + " | ".join(
+                markdown_row(
                     [
-                        *map(str, group),
+                        *group,
                         method,
                         f"{scale * np.mean(diffs):+.3g}",
                         f"{wins} / {losses} / {len(diffs) - wins - losses}",
                         f"{sign_test_p(diffs):.3g}",
                     ]
                 )
-                + " |"
             )
     return "\n".join(lines) + "\n"
 
@@ -283,7 +290,7 @@ def count_table(
         "at 100%",
         f"Fisher p vs {control}: reach / above / at 100%",
     ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [*markdown_head(header)]
     for group, rows in groups.items():
         n, reach, above, perfect = counts(rows)
         base = controls.get(others(group))
@@ -293,7 +300,7 @@ def count_table(
                 f"{fisher_p(k, n, base[i], base[0]):.3g}" for i, k in ((1, reach), (2, above), (3, perfect))
             )
         cells = [str(n), f"{reach}/{n}", f"{above}/{n}", f"{perfect}/{n}", test]
-        lines.append("| " + " | ".join([*map(str, group), *cells]) + " |")
+        lines.append(markdown_row([*group, *cells]))
     return "\n".join(lines) + "\n"
 
 

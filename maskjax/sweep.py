@@ -134,6 +134,13 @@ def mask_logits_of(model: Any, method: Method, variables: dict) -> jax.Array:
     return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
 
 
+def seed_verdict(passed: Sequence[bool], share: float = 0.75) -> dict:
+    """How many seeds pass a rule and whether at least `share` of them do (0.75: three of four; 1: every
+    seed); no seeds never pass. The rules that name a preset (docs/design.md) all count this way."""
+    seeds, count = len(passed), sum(passed)
+    return {"seeds": seeds, "pass": count, "passes": seeds > 0 and count >= share * seeds}
+
+
 def end_loss(losses_S: np.ndarray) -> float:
     """The training loss a run ends at: the mean of its last 5% of steps (at least one)."""
     return float(np.mean(losses_S[-max(1, losses_S.shape[0] // 20) :]))

@@ -248,4 +248,4 @@ def ladder_rule(records: Sequence[dict], fit: float = LADDER_FIT) -> dict:
     """docs/design.md's rule for one (rung, op, fraction): how many vanilla seeds fit their training pairs
     (`train_seq_acc` at least `fit`); passes when at least three quarters do."""
     fitted = [r.get("train_seq_acc") is not None and r["train_seq_acc"] >= fit for r in records]
-    return {"seeds": len(fitted), "pass": sum(fitted), "passes": 4 * sum(fitted) >= 3 * len(fitted) > 0}
+    return sweep.seed_verdict(fitted)

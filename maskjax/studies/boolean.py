@@ -445,13 +445,13 @@ def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
     hold in at least three quarters of them. A diverged run (no loss, no accuracy) does neither."""
     fit = [r["train_loss"] is not None and r["train_loss"] < FIT_LOSS for r in records]
     at_mdi = [r["acc_all"] is not None and abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
-    both = sum(f and a for f, a in zip(fit, at_mdi, strict=True))
+    both = sweep.seed_verdict([f and a for f, a in zip(fit, at_mdi, strict=True)])
     return {
-        "seeds": len(records),
+        "seeds": both["seeds"],
         "fit": sum(fit),
         "at_mdi": sum(at_mdi),
-        "both": both,
-        "passes": 4 * both >= 3 * len(records) > 0,
+        "both": both["pass"],
+        "passes": both["passes"],
     }
 
 

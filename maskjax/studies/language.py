@@ -359,4 +359,4 @@ def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
     """docs/design.md's rule for one rung: vanilla's test bits per byte below the bigram counted on the
     same tokens, in every seed."""
     below = [r["test_bpb"] is not None and r["test_bpb"] < bigram_bpb for r in records]
-    return {"seeds": len(below), "pass": sum(below), "passes": all(below) and bool(below)}
+    return sweep.seed_verdict(below, share=1.0)

@@ -371,4 +371,4 @@ def ladder_rule(records: Sequence[dict], linear: Sequence[dict], margin: float =
         if key not in reference:
             raise ConfigError(f"no softmax-regression record for training fraction {key[0]:g}, seed {key[1]}")
         beat.append(r["test_acc"] is not None and r["test_acc"] >= reference[key] + margin)
-    return {"seeds": len(beat), "pass": sum(beat), "passes": 4 * sum(beat) >= 3 * len(beat) > 0}
+    return sweep.seed_verdict(beat)
