@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import torch_gotu
 from experiments.cli import Parser, add_seeds, name_list, positive_float, positive_int, progress, run_main
-from maskjax import report, sweep
+from maskjax import store, sweep, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.studies import boolean
@@ -195,9 +195,9 @@ def run(task: BooleanTask, method: Method, seed: int, config: boolean.BooleanCon
 def per_seed_table(records: list[dict]) -> str:
     """One row per method and seed: accuracies in percent, t and the unseen corner's prediction beside 4t - 3."""
     header = ["method", "seed", "acc_all (%)", "acc_unseen (%)", "train_loss", "t", "4t-3", "unseen mean"]
-    lines = report.markdown_head(header)
+    lines = tables.markdown_head(header)
     for r in records:
-        lines.append(report.markdown_row([r["method"], r["seed"], *(report.cell(r[k], k) for k in PER_SEED_KEYS)]))
+        lines.append(tables.markdown_row([r["method"], r["seed"], *(tables.cell(r[k], k) for k in PER_SEED_KEYS)]))
     return "\n".join(lines) + "\n"
 
 
@@ -212,7 +212,7 @@ def summary(records: list[dict], config: boolean.BooleanConfig, init: str) -> st
         f"{torch_gotu.version()}. The unseen corner's sign is right only when t > 0.75 (4t - 3 > 0).\n\n"
         + per_seed_table(records)
         + "\n"
-        + report.summary_table(records, PER_SEED_KEYS, ["method"])
+        + tables.summary_table(records, PER_SEED_KEYS, ["method"])
     )
 
 
@@ -224,15 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     (task,), methods = boolean.resolve([TASK], args.methods, config)
     for method in methods:
         check_method(method, args.init)
-    out = report.ensure_writable_dir(args.out) if args.out else None
-    env = report.environment()
+    out = store.ensure_writable_dir(args.out) if args.out else None
+    env = store.environment()
     records = []
     for method in methods:
         for seed in args.seeds:
             records.append({**run(task, method, seed, config, args.init), **env})
             if out:
-                report.write_jsonl(out / "results.jsonl", records)
-                report.write_atomic(out / "summary.md", summary(records, config, args.init))
+                store.write_jsonl(out / "results.jsonl", records)
+                store.write_atomic(out / "summary.md", summary(records, config, args.init))
     print(summary(records, config, args.init))
     print(json.dumps({"task": TASK, "init": args.init, "records": records}))
     return 0

@@ -24,7 +24,7 @@ import jax
 
 from benchmarks.train_step import time_batch
 from experiments.cli import Parser, name_list, positive_int, run_main
-from maskjax import report
+from maskjax import store
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['method']} | {r['bare_step_s']:.4f} | {r['cli_step_s']:.4f} | {100 * r['cli_overhead']:+.0f}% "
             f"| {r['probe_compile_s']:.2f} | {r['probe_call_s']:.4f} | {100 * r['probes_share_of_run']:.1f}% |"
         )
-    print(json.dumps({"preset": args.preset, "rows": rows, **report.environment()}))
+    print(json.dumps({"preset": args.preset, "rows": rows, **store.environment()}))
     return 0
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks import torch_gotu
 from experiments.cli import Parser, name_list, positive_int, run_main
-from maskjax import overrides, report
+from maskjax import overrides, store
 from maskjax.errors import ConfigError
 from maskjax.methods import get_method
 from maskjax.train import (
@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.steps = args.steps or DEFAULT_STEPS[args.study]
     study = STUDY_BUILDERS[args.study](args.preset, args.method, args.dtype, args.set)
-    env = report.environment()
+    env = store.environment()
     say = (lambda message: None) if args.json_only else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}")
     peak = matmul_peak()

@@ -20,7 +20,7 @@ import sys
 from benchmarks import step, torch_gotu
 from benchmarks.step import int_list
 from experiments.cli import Parser, positive_int, run_main
-from maskjax import report
+from maskjax import store
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task, two_parity
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     config = dataclasses.replace(base, model=dataclasses.replace(base.model, dtype=args.dtype))
     task, method = get_task("2parity"), get_method(args.method)
     steps = args.steps or (3 if args.preset == "paper" else 50)
-    env = report.environment()
+    env = store.environment()
     print(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}", file=sys.stderr)
     peak = step.matmul_peak()
     print(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s", file=sys.stderr)

@@ -25,7 +25,7 @@ from experiments.cli import (
     run_control,
     run_main,
 )
-from maskjax import overrides, report
+from maskjax import overrides, plots, store, tables
 from maskjax.methods import METHODS, get_method
 from maskjax.studies import arithmetic as study
 from maskjax.sweep import BatchSpec, run_sweep
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         for task in tasks:
             if any(r["op"] == task.op for r in records):
                 plot_mask(out / f"mask_{task.op}.png", task, config)
-        report.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
+        plots.plot_curves(records, out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
 
     specs = [batch(t, f, m) for t in tasks for f in args.train_fractions for m in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
@@ -114,7 +114,7 @@ def plot_mask(path: Path, task, config: study.ArithmeticConfig) -> None:
     the query that predicts the token after it."""
     places = range(OPERAND_DIGITS - 1, -1, -1)
     prompt = [f"a{p}" for p in places] + [task.op] + [f"b{p}" for p in places] + ["="]
-    report.plot_matrices(
+    plots.plot_matrices(
         {f"{task.op}, {task.answer_format} answer: M": study.mask_logits(task, get_method("mask"), config)},
         path,
         [*prompt, *[f"c{p}" for p in task.answer_places()]],
@@ -123,10 +123,10 @@ def plot_mask(path: Path, task, config: study.ArithmeticConfig) -> None:
 
 
 def write_outputs(out: Path, records: list[dict]) -> str:
-    report.write_jsonl(out / "results.jsonl", records)
-    table = report.summary_table(records, KEYS, GROUPS)
-    seeds = report.per_seed_table(records, "seq_acc", GROUPS)
-    report.write_atomic(out / "summary.md", f"# Low-data arithmetic study\n\n{table}\n{seeds}")
+    store.write_jsonl(out / "results.jsonl", records)
+    table = tables.summary_table(records, KEYS, GROUPS)
+    seeds = tables.per_seed_table(records, "seq_acc", GROUPS)
+    store.write_atomic(out / "summary.md", f"# Low-data arithmetic study\n\n{table}\n{seeds}")
     return table
 
 

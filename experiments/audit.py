@@ -18,7 +18,7 @@ from pathlib import Path
 
 from experiments import scale
 from experiments.cli import Parser, UserError, run_main
-from maskjax import pages, report
+from maskjax import pages, store
 
 KINDS = {**pages.KINDS, **scale.PAGE_KINDS}
 
@@ -33,7 +33,7 @@ def audit_page(path: Path, text: str, elsewhere: set[str], write: bool) -> list[
     problems = []
     if fresh != text:
         if write:
-            report.write_atomic(path, fresh)
+            store.write_atomic(path, fresh)
         else:
             diff = difflib.unified_diff(
                 text.splitlines(), fresh.splitlines(), f"{path} (page)", f"{path} (from its records)", lineterm="", n=1

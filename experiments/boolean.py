@@ -26,7 +26,7 @@ from experiments.cli import (
     run_control,
     run_main,
 )
-from maskjax import overrides, priors, report
+from maskjax import overrides, plots, priors, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import METHODS
 from maskjax.studies import boolean as study
@@ -120,17 +120,17 @@ def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple
     """Mean +- std per group (beside the MDI's own scores), the seeds above the MDI per group with
     Fisher's exact test against vanilla, and per-seed tables: the body of every Boolean summary.md."""
     parts = [
-        report.summary_table(reference + records, KEYS, group_by),
-        "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + report.count_table(records, reference, group_by),
-        *[report.per_seed_table(records, key, group_by) for key in SEED_KEYS],
+        tables.summary_table(reference + records, KEYS, group_by),
+        "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + tables.count_table(records, reference, group_by),
+        *[tables.per_seed_table(records, key, group_by) for key in SEED_KEYS],
     ]
     return "\n".join(parts)
 
 
 def write_outputs(out: Path, records: list[dict], reference: list[dict]) -> str:
-    report.write_jsonl(out / "results.jsonl", records)
-    table = report.summary_table(reference + records, KEYS, ("task", "method"))
-    report.write_atomic(out / "summary.md", "# Boolean GOTU study\n\n" + summary_markdown(records, reference))
+    store.write_jsonl(out / "results.jsonl", records)
+    table = tables.summary_table(reference + records, KEYS, ("task", "method"))
+    store.write_atomic(out / "summary.md", "# Boolean GOTU study\n\n" + summary_markdown(records, reference))
     return table
 
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     def batch(task, method) -> BatchSpec:
         def train(checkpoints, resume: bool) -> list[dict]:
             records, maps = study.run_batch(task, method, seeds, config, progress, checkpoints, resume)
-            report.write_maps(out / "maps" / f"{task.name}_{method.name}.npz", maps)
+            store.write_maps(out / "maps" / f"{task.name}_{method.name}.npz", maps)
             return records
 
         return BatchSpec(f"{task.name}_{method.name}", {"task": task.name, "method": method.name}, len(seeds), train)
@@ -165,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             if not task_records:
                 continue
             trained = dict.fromkeys(r["method"] for r in task_records)
-            maps = {m: report.read_maps(out / "maps" / f"{task.name}_{m}.npz") for m in trained}
+            maps = {m: store.read_maps(out / "maps" / f"{task.name}_{m}.npz") for m in trained}
             plot_task(out, task, config, maps)
             plot_probes(out, task.name, task_records)
         done = {r["task"] for r in records}
-        report.plot_accuracy([r for r in reference if r["task"] in done] + records, out / "accuracy.png")
+        plots.plot_accuracy([r for r in reference if r["task"] in done] + records, out / "accuracy.png")
 
     specs = [batch(task, method) for task in tasks for method in methods]
     records = run_sweep(
@@ -182,11 +182,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def plot_probes(out: Path, task_name: str, task_records: list[dict]) -> None:
     """loss_TASK.png, drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
-    report.plot_loss(task_records, out / f"loss_{task_name}.png")
-    report.plot_drift(task_records, out / f"drift_{task_name}.png")
-    report.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
+    plots.plot_loss(task_records, out / f"loss_{task_name}.png")
+    plots.plot_drift(task_records, out / f"drift_{task_name}.png")
+    plots.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
     if any("mask_change_open_mean" in r for r in task_records):
-        report.plot_drift(task_records, out / f"mask_change_{task_name}.png", CHANGE_KEYS, log=True)
+        plots.plot_drift(task_records, out / f"mask_change_{task_name}.png", CHANGE_KEYS, log=True)
 
 
 def plot_task(out: Path, task, config: study.BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:
@@ -199,7 +199,7 @@ def plot_task(out: Path, task, config: study.BooleanConfig, maps: dict[str, dict
     for name, attention in maps.items():
         panels[f"{name} layer 0, init"] = attention["init"][0]
         panels[f"{name} layer 0, trained"] = attention["final"][0]
-    report.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
+    plots.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from maskjax import overrides, report, runtime
+from maskjax import overrides, runtime, store
 from maskjax.errors import ConfigError
 from maskjax.sweep import RunControl
 
@@ -192,7 +192,7 @@ def read_result_folders(dirs: Sequence[Path]) -> list[tuple[Path, list[dict]]]:
         path = folder / "results.jsonl"
         if not path.is_file():
             raise UserError(f"{path} does not exist")
-        found.append((folder, report.read_jsonl(path)))
+        found.append((folder, store.read_jsonl(path)))
     return found
 
 

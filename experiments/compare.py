@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from experiments.cli import Parser, UserError, name_list, run_main
-from maskjax import report
+from maskjax import store
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss", "degree_profile")
 
@@ -36,7 +36,7 @@ def load(folder: Path) -> dict[tuple, dict]:
     path = folder / "results.jsonl"
     if not path.is_file():
         raise UserError(f"{path} does not exist")
-    return {identity(r): r for r in report.read_jsonl(path) if "seed" in r}
+    return {identity(r): r for r in store.read_jsonl(path) if "seed" in r}
 
 
 def difference(a, b) -> float:

@@ -16,7 +16,7 @@ import numpy as np
 
 from experiments.boolean import add_config_flags, resolve_config
 from experiments.cli import Parser, float_list, progress, run_control, run_main
-from maskjax import report
+from maskjax import plots, store, tables
 from maskjax.errors import ConfigError
 from maskjax.studies import boolean as study
 from maskjax.sweep import BatchSpec, run_sweep
@@ -86,21 +86,21 @@ def plot_grid(records: list[dict], opens: list[float], closeds: list[float], pat
             ]
             if values:
                 grid[i, j] = 100 * np.mean(values)
-    report.plot_heatmap(grid, [f"{o:g}" for o in opens], [f"{c:g}" for c in closeds], path, title)
+    plots.plot_heatmap(grid, [f"{o:g}" for o in opens], [f"{c:g}" for c in closeds], path, title)
 
 
 def write_jsonl(out: Path, records: list[dict]) -> None:
-    report.write_jsonl(out / "results.jsonl", records)
+    store.write_jsonl(out / "results.jsonl", records)
 
 
 def write_summary(out: Path, task, method, records: list[dict]) -> str:
     """summary.md: mean +- std per contrast, the seeds that reach / exceed the MDI, the values per seed."""
     groups = ("open_value", "closed_value")
-    table = report.summary_table(records, KEYS, groups)
-    counts = report.count_table(records, [study.mdi_record(task)], groups)
-    seeds = report.per_seed_table(records, "acc_all", groups)
+    table = tables.summary_table(records, KEYS, groups)
+    counts = tables.count_table(records, [study.mdi_record(task)], groups)
+    seeds = tables.per_seed_table(records, "acc_all", groups)
     page = f"# Contrast sweep: {task.name}, {method.name}\n\n{table}\n"
-    report.write_atomic(out / "summary.md", f"{page}Seeds that reach / exceed the MDI:\n\n{counts}\n{seeds}")
+    store.write_atomic(out / "summary.md", f"{page}Seeds that reach / exceed the MDI:\n\n{counts}\n{seeds}")
     return table
 
 

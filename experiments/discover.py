@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cli import Parser, fraction_list, name_list, positive_int, progress, run_main
-from maskjax import discover, priors, report
+from maskjax import discover, plots, priors, store, tables
 from maskjax.sweep import RunControl, open_sweep
 from maskjax.tasks.boolean import TASKS, cube, get_task
 
@@ -79,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             batch = [subset_record(task, fraction, seed, args.row_policy) for seed in seeds]
             progress(f"{task.name} {fraction:g}: recovered in {sum(r['recovered'] for r in batch)}/{len(seeds)} seeds")
             records += [{**r, **meta} for r in batch]
-            report.write_jsonl(args.out / "results.jsonl", records)
+            store.write_jsonl(args.out / "results.jsonl", records)
     table = write_summary(args.out, records)
-    report.plot_curves(
+    plots.plot_curves(
         [{**r, "rule": "finite differences"} for r in records],
         args.out / "recovery.png",
         x="train_fraction",
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_summary(out: Path, records: list[dict]) -> str:
     """summary.md: mean +- std per task and fraction, and the recovery per seed."""
-    table = report.summary_table(records, KEYS, ("task", "train_fraction"))
-    seeds = report.per_seed_table(records, "recovered", ("task", "train_fraction"))
-    report.write_atomic(out / "summary.md", f"# Interaction patterns found from the data\n\n{table}\n{seeds}")
+    table = tables.summary_table(records, KEYS, ("task", "train_fraction"))
+    seeds = tables.per_seed_table(records, "recovered", ("task", "train_fraction"))
+    store.write_atomic(out / "summary.md", f"# Interaction patterns found from the data\n\n{table}\n{seeds}")
     return table
 
 

@@ -31,7 +31,7 @@ from experiments.cli import (
     run_main,
     with_overrides,
 )
-from maskjax import report
+from maskjax import plots, store, tables
 from maskjax.data import text, tokenizer
 from maskjax.studies import language as study
 from maskjax.sweep import BatchSpec, run_sweep
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = resolve_config(args)
     methods = study.resolve(args.methods)
-    report.ensure_writable_dir(args.out)
+    store.ensure_writable_dir(args.out)
     progress(f"reading {args.corpus}")
     corpus = text.load_corpus(args.corpus, args.data_dir)
     progress(f"tokenizing ({config.tokenizer}); " + ", ".join(f"{k} {n} docs" for k, (n, _) in corpus.sizes().items()))
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         def train(checkpoints, resume: bool) -> list[dict]:
             records, maps = study.run_batch(data, method, args.seeds, config, progress, checkpoints, resume)
             if maps:
-                report.write_maps(maps_path(method.name), maps)
+                store.write_maps(maps_path(method.name), maps)
             return records
 
         fields = {"corpus": data.corpus, "method": method.name}
@@ -131,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def plot(records: list[dict]) -> None:
         plot_curves(records, out / "curves.png")
-        report.plot_drift(records, out / "persistence.png", PERSISTENCE_KEYS)
+        plots.plot_drift(records, out / "persistence.png", PERSISTENCE_KEYS)
         for method in dict.fromkeys(r["method"] for r in records):
             if maps_path(method).exists():
-                plot_bias(report.read_maps(maps_path(method)), config.scale, method, out / f"bias_{method}.png")
+                plot_bias(store.read_maps(maps_path(method)), config.scale, method, out / f"bias_{method}.png")
 
     specs = [batch(method) for method in methods]
     records = run_sweep(out, resolved, specs, write_outputs, run_control(args), progress, plot)
@@ -144,21 +144,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_outputs(out: Path, records: list[dict]) -> str:
-    report.write_jsonl(out / "results.jsonl", records)
-    table = report.summary_table(records, KEYS, GROUPS)
+    store.write_jsonl(out / "results.jsonl", records)
+    table = tables.summary_table(records, KEYS, GROUPS)
     parts = [
         table,
-        report.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True),
-        report.per_seed_table(records, "test_ppl", GROUPS),
-        report.per_seed_table(records, "test_bpb", GROUPS),
+        tables.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True),
+        tables.per_seed_table(records, "test_ppl", GROUPS),
+        tables.per_seed_table(records, "test_bpb", GROUPS),
     ]
-    report.write_atomic(out / "summary.md", "# Language study\n\n" + "\n".join(parts))
+    store.write_atomic(out / "summary.md", "# Language study\n\n" + "\n".join(parts))
     return table
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
     """Validation loss on the probe windows against step, per method (mean over seeds, range shaded)."""
-    report.plot_step_curves(records, path, CURVE_KEYS)
+    plots.plot_step_curves(records, path, CURVE_KEYS)
 
 
 BIAS_FLOOR = -15.0  # below this an entry is closed for any q.k logit of a small model; the plot clips there
@@ -168,8 +168,8 @@ def plot_bias(maps: dict[str, np.ndarray], scale: float, method: str, path: Path
     """The paper's Figure 8: per layer, the bias log_sigmoid(s * m) against distance for every head, at init
     (dashed) and after training (solid), seed 0; the y axis stops at BIAS_FLOOR so the open reach shows."""
     init, final = (np.asarray(maps[k], np.float64) for k in ("mask_init", "mask_final"))
-    columns = min(len(final), report.PANELS_PER_ROW)
-    fig, axes = report.figure(-(-len(final) // columns), columns, 3.6, 3.0)
+    columns = min(len(final), plots.PANELS_PER_ROW)
+    fig, axes = plots.figure(-(-len(final) // columns), columns, 3.6, 3.0)
     for ax in axes.flat[len(final) :]:
         ax.axis("off")
     distance = np.arange(final.shape[-1])
@@ -183,7 +183,7 @@ def plot_bias(maps: dict[str, np.ndarray], scale: float, method: str, path: Path
         ax.set_ylabel("log_sigmoid(s m)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    report.save_figure(fig, path)
+    plots.save_figure(fig, path)
 
 
 if __name__ == "__main__":

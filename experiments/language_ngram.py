@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from experiments.cli import Parser, positive_int, progress, run_main
-from maskjax import report
+from maskjax import store
 from maskjax.data import text, tokenizer
 from maskjax.studies import language as study
 from maskjax.tasks import language as lt
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     config = study.get_preset(args.preset)
     spec, vocab = args.tokenizer or config.tokenizer, args.vocab_size or config.vocab_size
     if args.out is not None:
-        report.ensure_writable_dir(args.out)
+        store.ensure_writable_dir(args.out)
     corpus = text.load_corpus(args.corpus, args.data_dir)
     tok = tokenizer.get_tokenizer(spec, corpus.train, vocab, args.cache)
     streams = {
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| {args.corpus} | {model} | {ppl:.2f} | {bpb:.4f} |")
     print("\n".join(rows))
     if args.out is not None:
-        meta = report.environment()
-        report.write_jsonl(args.out / "results.jsonl", [{**r, **meta} for r in records])
+        meta = store.environment()
+        store.write_jsonl(args.out / "results.jsonl", [{**r, **meta} for r in records])
         note = f"Bigram weight {nll['bigram_weight']:g}, chosen on the validation split; {tokens} test tokens."
-        report.write_atomic(args.out / "summary.md", "# N-gram references\n\n" + "\n".join(rows) + f"\n\n{note}\n")
+        store.write_atomic(args.out / "summary.md", "# N-gram references\n\n" + "\n".join(rows) + f"\n\n{note}\n")
         print(f"results in {args.out}/results.jsonl and summary.md", file=sys.stderr)
     return 0
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from experiments.cli import Parser, UserError, run_main
-from maskjax import report
+from maskjax import store, tables
 
 
 def parse_args(argv: list[str] | None):
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         path = folder / "results.jsonl"
         if not path.is_file():
             raise UserError(f"{path} does not exist")
-        for r in report.read_jsonl(path):
+        for r in store.read_jsonl(path):
             if "attention_drift" not in r:
                 continue
             by_seed = drift.setdefault((condition(r), r["method"]), {})
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         decay = "-" if cond[3] is None else cond[3]
         lines.append(
             f"| {cond[0]} | {cond[1]} | {cond[2]} | {decay} | {method} | {len(diffs)} | {further}/{len(diffs)} "
-            f"| {report.sign_test_p(diffs):.3g} |"
+            f"| {tables.sign_test_p(diffs):.3g} |"
         )
     print("\n".join(lines))
     return 0

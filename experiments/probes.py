@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from experiments.cli import Parser, run_main
-from maskjax import report
+from maskjax import store, tables
 from maskjax.errors import ConfigError
 from maskjax.probes import end_of_run
 
@@ -77,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         path = folder / "results.jsonl"
         if not path.is_file():
             raise ConfigError(f"{path} does not exist")
-        rows += [probe_record(r) for r in report.read_jsonl(path) if "attention_drift" in r]
+        rows += [probe_record(r) for r in store.read_jsonl(path) if "attention_drift" in r]
     if not rows:
         raise ConfigError("no record carries probes (attention_drift, grad_norm_qk, ...)")
-    table = report.summary_table(rows, KEYS, GROUPS)
+    table = tables.summary_table(rows, KEYS, GROUPS)
     out = args.out or args.dirs[0] / "probes.md"
     sources = ", ".join(str(d) for d in args.dirs)
-    report.write_atomic(out, f"# Drift and gradient probes\n\nFrom {sources}.\n\n{table}")
+    store.write_atomic(out, f"# Drift and gradient probes\n\nFrom {sources}.\n\n{table}")
     print(table, end="")
     print(f"written to {out}", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from experiments.boolean import add_config_flags, resolve_config
 from experiments.cli import Parser, name_list, progress, run_main
-from maskjax import report
+from maskjax import store, tables
 from maskjax.studies import boolean as study
 from maskjax.sweep import RunControl, open_sweep
 from maskjax.tasks.boolean import PAPER_TASKS, TASKS
@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     for task in tasks:
         for method in methods:
             errors = study.init_pattern_errors(task, method, seeds, config)
-            progress(f"{task.name} {method.name}: pattern_error_init {report.mean_std(errors)}")
+            progress(f"{task.name} {method.name}: pattern_error_init {tables.mean_std(errors)}")
             batch = {"task": task.name, "method": method.name, **meta}
             records += [{**batch, "seed": s, "pattern_error_init": e} for s, e in zip(seeds, errors, strict=True)]
-            report.write_jsonl(args.out / "results.jsonl", records)
-    table = report.summary_table(records, ["pattern_error_init"], ("task", "method"))
-    report.write_atomic(args.out / "summary.md", f"# Pattern match at init ({config.preset})\n\n" + table)
+            store.write_jsonl(args.out / "results.jsonl", records)
+    table = tables.summary_table(records, ["pattern_error_init"], ("task", "method"))
+    store.write_atomic(args.out / "summary.md", f"# Pattern match at init ({config.preset})\n\n" + table)
     print(table, end="")
     return 0
 

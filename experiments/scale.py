@@ -20,7 +20,7 @@ from matplotlib.ticker import NullFormatter
 
 from experiments.boolean import KEYS
 from experiments.cli import Parser, UserError, read_result_folders, run_main, source_line
-from maskjax import report
+from maskjax import plots, store, tables
 from maskjax.models.layers import ModelConfig
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import cube, get_task
@@ -140,7 +140,7 @@ def unseen_table(records: list[dict], reference: list[dict], target_unseen: dict
             if (r["preset"], r["task"], r["method"]) == (preset, task, method) and "unseen_mean_prediction" in r
         ]
         lines.append(
-            f"| {preset} | {task} | {method} | {len(values)} | {report.mean_std(values) if values else '-'} "
+            f"| {preset} | {task} | {method} | {len(values)} | {tables.mean_std(values) if values else '-'} "
             f"| {mdi_unseen[task]:.4g} | {target_unseen[task]:.4g} |"
         )
     return "\n".join(lines) + "\n"
@@ -152,7 +152,7 @@ def plot_scale(records: list[dict], reference: list[dict], target_unseen: dict[s
     tasks = list(dict.fromkeys(r["task"] for r in sorted(records, key=lambda r: r["task"])))
     methods = list(dict.fromkeys(r["method"] for r in records))
     mdi = {r["task"]: r for r in reference}
-    fig, axes = report.figure(2, len(tasks), 3.6, 3.0)
+    fig, axes = plots.figure(2, len(tasks), 3.6, 3.0)
     for column, task in enumerate(tasks):
         for row, key in enumerate(("acc_all", "unseen_mean_prediction")):
             ax = axes[row][column]
@@ -181,7 +181,7 @@ def plot_scale(records: list[dict], reference: list[dict], target_unseen: dict[s
             ax.set_title(task)
     axes[1][0].legend(fontsize=7)
     fig.tight_layout()
-    report.save_figure(fig, path)
+    plots.save_figure(fig, path)
 
 
 def ordered(records: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -191,7 +191,7 @@ def ordered(records: list[dict]) -> tuple[list[dict], list[dict]]:
     return records, [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
 
 
-def tables(records: list[dict]) -> dict[str, str]:
+def scale_tables(records: list[dict]) -> dict[str, str]:
     """Every table of summary.md, by name (the page kinds `scale-NAME` of `experiments.audit`)."""
     records, reference = ordered(records)
     mdi = {r["task"]: r["acc_all"] for r in reference}
@@ -199,8 +199,8 @@ def tables(records: list[dict]) -> dict[str, str]:
     return {
         "cost": cost_table(records),
         "rule": rule_table(records, mdi),
-        "summary": report.summary_table(reference + records, KEYS, GROUP),
-        "count": report.count_table(records, reference, GROUP),
+        "summary": tables.summary_table(reference + records, KEYS, GROUP),
+        "count": tables.count_table(records, reference, GROUP),
         "unseen": unseen_table(records, reference, target_unseen),
     }
 
@@ -209,7 +209,7 @@ def page_kind(name: str):
     """A results page's table `scale-NAME` from the records of the folders it names."""
 
     def make(records: list[dict], params: dict[str, str], folder: Path) -> str:
-        return tables([with_scale(r, Path(r["source"])) for r in records])[name]
+        return scale_tables([with_scale(r, Path(r["source"])) for r in records])[name]
 
     return make, ()
 
@@ -219,12 +219,12 @@ PAGE_KINDS = {f"scale-{name}": page_kind(name) for name in ("cost", "rule", "sum
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    out = report.ensure_writable_dir(args.out)
+    out = store.ensure_writable_dir(args.out)
     methods = set(args.methods.split(",")) if args.methods else None
     records, sources = read_folders(args.dirs, methods)
     records, reference = ordered(records)
     target_unseen = {r["task"]: unseen_target_mean(r["task"]) for r in reference}
-    made = tables(records)
+    made = scale_tables(records)
     body = "\n".join(
         [
             "## Cost of a run\n\n" + made["cost"],
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             "## Unseen mean prediction\n\n" + made["unseen"],
         ]
     )
-    report.write_atomic(
+    store.write_atomic(
         out / "summary.md", "# Boolean study across model sizes\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body
     )
     plot_scale(records, reference, target_unseen, out / "scale.png")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from experiments.boolean import plot_probes, summary_markdown
 from experiments.cli import Parser, UserError, name_list, read_result_folders, run_main, source_line
-from maskjax import report
+from maskjax import plots, store
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
 
@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report.ensure_writable_dir(args.out.parent)
+    store.ensure_writable_dir(args.out.parent)
     records, sources = [], []
     for folder, found in read_result_folders(args.dirs):
         sources.append(source_line(folder, found))
@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("the same group and seed appear twice in these folders")
     reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
     body = summary_markdown(records, reference, tuple(args.by))
-    report.write_atomic(args.out, f"# {args.title}\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body)
+    store.write_atomic(args.out, f"# {args.title}\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body)
     if args.plots:
-        report.plot_accuracy(reference + records, args.out.parent / "accuracy.png")
+        plots.plot_accuracy(reference + records, args.out.parent / "accuracy.png")
         for task in dict.fromkeys(r["task"] for r in records):
             plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
     print(body, end="")

@@ -31,7 +31,7 @@ from experiments.cli import (
     run_main,
     with_overrides,
 )
-from maskjax import report
+from maskjax import plots, store, tables
 from maskjax.data import images
 from maskjax.errors import ConfigError
 from maskjax.studies import vision as study
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     def batch(fraction: float, method) -> BatchSpec:
         def train(checkpoints, resume: bool) -> list[dict]:
             records, maps = study.run_batch(data, method, fraction, seeds, config, progress, checkpoints, resume)
-            report.write_maps(maps_path(fraction, method.name), maps)
+            store.write_maps(maps_path(fraction, method.name), maps)
             return records
 
         fields = {"dataset": data.name, "train_fraction": fraction, "method": method.name}
@@ -135,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             name = f"{data.name}_{fraction:g}"
             done = [r for r in records if r["train_fraction"] == fraction]
             plot_curves(done, out / f"curves_{name}.png")
-            report.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
+            plots.plot_drift(done, out / f"persistence_{name}.png", PERSISTENCE_KEYS)
             methods = dict.fromkeys(r["method"] for r in done)
             # A folder written before maps were kept has none for its older batches; those are left out.
-            ours = {m: report.read_maps(maps_path(fraction, m)) for m in methods if maps_path(fraction, m).exists()}
+            ours = {m: store.read_maps(maps_path(fraction, m)) for m in methods if maps_path(fraction, m).exists()}
             plot_attention(task, data.test_images[0], ours, out / f"attention_{name}.png")
             for method, maps in ours.items():
                 if "mask_final" in maps:
@@ -152,20 +152,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_outputs(out: Path, records: list[dict]) -> str:
-    report.write_jsonl(out / "results.jsonl", records)
-    table = report.summary_table(records, KEYS, GROUPS)
+    store.write_jsonl(out / "results.jsonl", records)
+    table = tables.summary_table(records, KEYS, GROUPS)
     parts = [
         table,
-        report.paired_table(records, "test_acc", "mask", ("dataset", "train_fraction")),
-        report.per_seed_table(records, "test_acc", GROUPS),
+        tables.paired_table(records, "test_acc", "mask", ("dataset", "train_fraction")),
+        tables.per_seed_table(records, "test_acc", GROUPS),
     ]
-    report.write_atomic(out / "summary.md", "# Vision study\n\n" + "\n".join(parts))
+    store.write_atomic(out / "summary.md", "# Vision study\n\n" + "\n".join(parts))
     return table
 
 
 def plot_curves(records: list[dict], path: Path) -> None:
     """Test accuracy and loss on the probe subset against step, per method (mean over seeds, range shaded)."""
-    report.plot_step_curves(records, path, CURVE_KEYS)
+    plots.plot_step_curves(records, path, CURVE_KEYS)
 
 
 def centre_query(task, matrix_NN: np.ndarray) -> np.ndarray:
@@ -183,7 +183,7 @@ def plot_attention(task, image: np.ndarray, per_method: dict[str, dict], path: P
         attention = maps["attention"]
         panels[f"{method}: layer 0"] = centre_query(task, attention[0].mean(0))
         panels[f"{method}: layer {len(attention) - 1}"] = centre_query(task, attention[-1].mean(0))
-    report.plot_matrices(panels, path, columns=3)
+    plots.plot_matrices(panels, path, columns=3)
 
 
 def plot_masks(task, maps: dict[str, np.ndarray], path: Path) -> None:
@@ -193,7 +193,7 @@ def plot_masks(task, maps: dict[str, np.ndarray], path: Path) -> None:
     for layer, mask in enumerate(maps["mask_final"]):
         panels[f"layer {layer}: centre patch"] = centre_query(task, mask.mean(0))
         panels[f"layer {layer}: M"] = mask.mean(0)
-    report.plot_matrices(panels, path, columns=3)
+    plots.plot_matrices(panels, path, columns=3)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cli import Parser, add_seeds, fraction_list, progress, run_main
-from maskjax import report
+from maskjax import store
 from maskjax.data import images
 from maskjax.tasks import vision as vt
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="folder for results.jsonl (default: print only)")
     args = p.parse_args(argv)
     if args.out is not None:
-        report.ensure_writable_dir(args.out)
+        store.ensure_writable_dir(args.out)
     data = images.load(args.dataset, args.data_dir)
     config = {"study": "vision_linear", "dataset": args.dataset, "train_fractions": args.train_fraction,
               "seeds": args.seeds, "model": "softmax regression on raw pixels, L-BFGS 200 steps, l2 1e-4"}
@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"over {len(accs)} subset(s)")
     print("\n".join(means))
     if args.out is not None:
-        meta = report.environment()
-        report.write_jsonl(args.out / "results.jsonl", [{**r, **meta} for r in records])
-        report.write_atomic(args.out / "summary.md", "\n".join(
+        meta = store.environment()
+        store.write_jsonl(args.out / "results.jsonl", [{**r, **meta} for r in records])
+        store.write_atomic(args.out / "summary.md", "\n".join(
             ["# Softmax regression on raw pixels", "", *rows, "", *(f"- {m}" for m in means), ""]))
         print(f"results in {args.out}/results.jsonl and summary.md")
     return 0

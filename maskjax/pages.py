@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from maskjax import probes, report
+from maskjax import probes, store, tables
 from maskjax.errors import ConfigError
 
 BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
@@ -50,21 +50,21 @@ def _with_paths(records: Sequence[dict], keys: Sequence[str]) -> list[dict]:
 def _summary(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     reference = _mdi_reference(records) if params.get("mdi") == "true" else []
     keys = _names(params["keys"])
-    return report.summary_table(_with_paths([*reference, *records], keys), keys, _names(params["by"]))
+    return tables.summary_table(_with_paths([*reference, *records], keys), keys, _names(params["by"]))
 
 
 def _per_seed(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
-    return report.per_seed_table(_with_paths(records, [params["key"]]), params["key"], _names(params["by"]))
+    return tables.per_seed_table(_with_paths(records, [params["key"]]), params["key"], _names(params["by"]))
 
 
 def _paired(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     lower, key = params.get("lower") == "true", params["key"]
-    return report.paired_table(_with_paths(records, [key]), key, params["reference"], _names(params["by"]), lower)
+    return tables.paired_table(_with_paths(records, [key]), key, params["reference"], _names(params["by"]), lower)
 
 
 def _count(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     by = tuple(_names(params.get("by", "task,method")))
-    return report.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
+    return tables.count_table(records, _mdi_reference(records), by, params.get("key", "acc_all"))
 
 
 def _split_path(path: str) -> list[str]:
@@ -94,11 +94,11 @@ def field_value(record: dict, path: str) -> float | None:
 def _values(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     """One row per record: its `by` fields, then each of `fields` (paths as `field_value` reads them)."""
     by, fields = _names(params["by"]), _names(params["fields"])
-    header = [*by, *[f"{f} (%)" if report.is_accuracy(f) else f for f in fields]]
-    lines = report.markdown_head(header)
+    header = [*by, *[f"{f} (%)" if tables.is_accuracy(f) else f for f in fields]]
+    lines = tables.markdown_head(header)
     for r in records:
-        cells = ["-" if (v := field_value(r, f)) is None else report.cell(v, f) for f in fields]
-        lines.append(report.markdown_row([*(r.get(b, "-") for b in by), *cells]))
+        cells = ["-" if (v := field_value(r, f)) is None else tables.cell(v, f) for f in fields]
+        lines.append(tables.markdown_row([*(r.get(b, "-") for b in by), *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -116,13 +116,13 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
             groups.setdefault((r["source"], *(r.get(b) for b in by)), []).append(r)
     seeds = sorted({r["seed"] for rows in groups.values() for r in rows})
     header = ["rung", *by, *[f"seed {s}" for s in seeds], "reference", "pass", "rule"]
-    lines = report.markdown_head(header)
+    lines = tables.markdown_head(header)
     for (source, *group), rows in groups.items():
         if family == "vision":
             fraction = rows[0]["train_fraction"]
             linear = [x for x in reference if x["train_fraction"] == fraction]
             rule = vision.ladder_rule(rows, linear)
-            against = ", ".join(report.cell(x["test_acc"] + vision.LADDER_MARGIN, "test_acc") for x in linear)
+            against = ", ".join(tables.cell(x["test_acc"] + vision.LADDER_MARGIN, "test_acc") for x in linear)
         elif family == "language":
             (bigram,) = [x["test_bpb"] for x in reference if x["method"] == "bigram"]
             rule, against = language.ladder_rule(rows, bigram), f"< {bigram:.4g}"
@@ -131,9 +131,9 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
         else:
             raise ConfigError(f"unknown ladder family {family!r}; known: vision, language, arithmetic")
         by_seed = {r["seed"]: r.get(key) for r in rows}
-        cells = [report.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
+        cells = [tables.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
         verdict = "passes" if rule["passes"] else "fails"
-        lines.append(report.markdown_row([source, *group, *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict]))
+        lines.append(tables.markdown_row([source, *group, *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict]))
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +181,7 @@ def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:
         path = folder / name / "results.jsonl"
         if not path.is_file():
             raise ConfigError(f"a table names {name}, but {path} does not exist")
-        found.extend(with_derived(r, name) for r in report.read_jsonl(path))
+        found.extend(with_derived(r, name) for r in store.read_jsonl(path))
     return select(found, where)
 
 

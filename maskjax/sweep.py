@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import priors, probes, qk_priors, report
+from maskjax import priors, probes, qk_priors, store
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
@@ -222,7 +222,7 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
     this config unless resume or overwrite: a repeated command never replaces results silently. resume
     needs a folder written by the same config. `config` excludes the environment (commit, devices).
     """
-    out = report.ensure_writable_dir(out)
+    out = store.ensure_writable_dir(out)
     config_path, results_path = out / "config.json", out / "results.jsonl"
     held = None
     if config_path.exists():
@@ -238,10 +238,10 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
             raise SweepError(f"nothing to resume in {out}: no config.json from an earlier run")
         if not same:
             raise SweepError(f"cannot resume: {out} holds a run of a different config")
-        return report.read_jsonl(results_path) if results_path.exists() else []
+        return store.read_jsonl(results_path) if results_path.exists() else []
     if held is not None and not same and not control.overwrite:
         raise SweepError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
-    held_records = report.read_jsonl(results_path) if results_path.exists() else []
+    held_records = store.read_jsonl(results_path) if results_path.exists() else []
     if held_records and not control.overwrite:
         raise SweepError(
             f"{out} already holds {len(held_records)} results of this config; pass --resume to continue it, "
@@ -262,8 +262,8 @@ def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict]
     """Prepare `out`, write its config.json; return (records kept from a resumed run, the metadata every
     new record carries: config, git commit, JAX version, devices)."""
     records = prepare_out(out, config, control)
-    env = report.environment()
-    report.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
+    env = store.environment()
+    store.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
     return records, {"config": config, **env}
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from experiments import audit
-from maskjax import pages, report
+from maskjax import pages, tables
 
 RECORDS = [
     {
@@ -38,7 +38,7 @@ def site(tmp_path):
 
 
 def test_a_generated_table_is_the_report_table_of_its_records(site):
-    expected = report.summary_table(
+    expected = tables.summary_table(
         [{**r, "drift_end": r["attention_drift"][-1][0]} for r in RECORDS],
         ["acc_all", "train_loss", "drift_end"],
         ["method"],

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maskjax import report
+from maskjax import store
 from maskjax.checkpoint import CheckpointError, SweepCheckpoints
 from maskjax.train import RunState
 
@@ -53,8 +53,8 @@ def test_an_unreadable_checkpoint_leaves_the_hosts_absl_logging_as_it_was(tmp_pa
 
 def test_maps_are_written_by_process_zero_only(tmp_path, monkeypatch):
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    report.write_maps(tmp_path / "m.npz", {"a": np.zeros(2)})
-    report.write_atomic(tmp_path / "t.txt", "x")
+    store.write_maps(tmp_path / "m.npz", {"a": np.zeros(2)})
+    store.write_atomic(tmp_path / "t.txt", "x")
     assert not list(tmp_path.iterdir())
 
 
@@ -64,24 +64,24 @@ def test_nothing_to_restore(tmp_path):
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     path = tmp_path / "results.jsonl"
-    report.write_jsonl(path, [{"a": 1}])
+    store.write_jsonl(path, [{"a": 1}])
 
     def broken_fsync(fd):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report.os, "fsync", broken_fsync)
+    monkeypatch.setattr(store.os, "fsync", broken_fsync)
     with pytest.raises(OSError, match="disk full"):
-        report.write_jsonl(path, [{"a": 2}])
-    assert report.read_jsonl(path) == [{"a": 1}]
+        store.write_jsonl(path, [{"a": 2}])
+    assert store.read_jsonl(path) == [{"a": 1}]
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
 
 
 def test_environment_names_commit_jax_and_devices():
-    env = report.environment()
+    env = store.environment()
     assert env["jax_version"] == jax.__version__ and env["devices"] and env["git_commit"]
 
 
 def test_results_files_get_ordinary_permissions(tmp_path):
     path = tmp_path / "summary.md"
-    report.write_atomic(path, "x")
-    assert path.stat().st_mode & 0o777 == 0o666 & ~report._umask()
+    store.write_atomic(path, "x")
+    assert path.stat().st_mode & 0o777 == 0o666 & ~store._umask()

@@ -1,7 +1,7 @@
 import matplotlib
 import numpy as np
 
-from maskjax import report, sweep
+from maskjax import plots, store, sweep
 
 
 def png_width(path):
@@ -15,15 +15,15 @@ def test_plots_leave_a_notebooks_backend_alone_and_wrap_many_layers(tmp_path):
         {"method": m, "drift_steps": steps, "attention_drift": [[0.1 * s] * 12 for s in range(3)]}
         for m in ("vanilla", "mask")
     ]
-    report.plot_drift(records, tmp_path / "drift.png", ["attention_drift"])
+    plots.plot_drift(records, tmp_path / "drift.png", ["attention_drift"])
     assert matplotlib.get_backend() == "svg"
-    assert png_width(tmp_path / "drift.png") <= 3.6 * report.PANELS_PER_ROW * 110 + 1
+    assert png_width(tmp_path / "drift.png") <= 3.6 * plots.PANELS_PER_ROW * 110 + 1
 
 
 def test_maps_round_trip_in_float16(tmp_path):
     maps = {"init": np.eye(3), "final": np.full((2, 3, 3), 0.25)}
-    report.write_maps(tmp_path / "m" / "a.npz", maps)
-    back = report.read_maps(tmp_path / "m" / "a.npz")
+    store.write_maps(tmp_path / "m" / "a.npz", maps)
+    back = store.read_maps(tmp_path / "m" / "a.npz")
     assert back.keys() == maps.keys() and back["final"].shape == (2, 3, 3)
     np.testing.assert_allclose(back["init"], np.eye(3))
 
@@ -36,7 +36,7 @@ def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_p
         *[{"task": "2parity", "method": m, "seed": s, "acc_all": 0.75} for m in ("vanilla", "mask") for s in (0, 1)],
         {"task": "threesym", "method": "vanilla", "seed": 0, "acc_all": 0.5},
     ]
-    report.plot_accuracy(records, tmp_path / "accuracy.png")
+    plots.plot_accuracy(records, tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -49,7 +49,7 @@ def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_dr
     def run(plot_every, control):
         drawn = []
         specs = [spec("vanilla"), spec("mask")]
-        write = lambda out, records: report.write_jsonl(out / "results.jsonl", records)  # noqa: E731
+        write = lambda out, records: store.write_jsonl(out / "results.jsonl", records)  # noqa: E731
         plot = lambda records: drawn.append(len(records))  # noqa: E731  (the list grows after the call)
         sweep.run_sweep(tmp_path / "out", {"c": 1}, specs, write, control, lambda m: None, plot, plot_every)
         return drawn
@@ -73,10 +73,10 @@ def test_loss_curve_is_the_mean_of_equal_windows_and_none_where_a_window_diverge
 
 def test_loss_plot_leaves_out_runs_without_a_finite_curve(tmp_path):
     finite = {"method": "mask", "train_loss_steps": [5, 10], "train_loss_curve": [0.5, 1e-6]}
-    report.plot_loss(
+    plots.plot_loss(
         [finite, {"method": "vanilla", "train_loss_steps": [5, 10], "train_loss_curve": [0.5, None]}],
         tmp_path / "loss.png",
     )
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    report.plot_loss([{"method": "vanilla", "train_loss": 0.1}], tmp_path / "old.png")
+    plots.plot_loss([{"method": "vanilla", "train_loss": 0.1}], tmp_path / "old.png")
     assert not (tmp_path / "old.png").exists()

@@ -1,7 +1,7 @@
 import json
 import math
 
-from maskjax import report
+from maskjax import store
 
 
 def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
@@ -38,7 +38,7 @@ def test_probes_cli_tabulates_first_and_last_probe(cli, tmp_path):
         },
         {"task": "2parity", "method": "mdi"},
     ]
-    report.write_jsonl(run / "results.jsonl", records)
+    store.write_jsonl(run / "results.jsonl", records)
     result = cli("experiments.probes", str(run))
     assert result.returncode == 0, result.stderr
     text = (run / "probes.md").read_text()

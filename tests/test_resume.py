@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_cli
 
-from maskjax import report
+from maskjax import store
 
 ARGS = [
     "--preset=test",
@@ -68,9 +68,9 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path, whole):
     assert "vanilla: already in" in resumed.stderr and "mask resumed at step 30/40" in resumed.stderr
     assert "batch 2 of 2: 2parity_mask, 2 runs" in resumed.stderr and "steps/s, ETA" in resumed.stderr
     assert records(killed) == records(whole)
-    resumed_at = {r["method"]: r["resumed_at_step"] for r in report.read_jsonl(killed / "results.jsonl")}
+    resumed_at = {r["method"]: r["resumed_at_step"] for r in store.read_jsonl(killed / "results.jsonl")}
     assert resumed_at == {"vanilla": None, "mask": 30}
-    assert {r["resumed_at_step"] for r in report.read_jsonl(whole / "results.jsonl")} == {None}
+    assert {r["resumed_at_step"] for r in store.read_jsonl(whole / "results.jsonl")} == {None}
     # The attention plot of the resumed call is drawn from the maps of both batches, not only the one it trained.
     assert sorted(p.name for p in (killed / "maps").iterdir()) == ["2parity_mask.npz", "2parity_vanilla.npz"]
 

@@ -2,16 +2,16 @@ import json
 
 import pytest
 
-from maskjax import report
+from maskjax import tables
 
 
 def test_fisher_and_sign_tests_match_hand_computed_values():
     # 3/8 against 0/8: the tables as or more extreme have hypergeometric mass 0.1 on each side.
-    assert report.fisher_p(3, 8, 0, 8) == pytest.approx(0.2)
-    assert report.fisher_p(4, 8, 4, 8) == pytest.approx(1.0)
+    assert tables.fisher_p(3, 8, 0, 8) == pytest.approx(0.2)
+    assert tables.fisher_p(4, 8, 4, 8) == pytest.approx(1.0)
     # 7 of 8 pairs one way: 2 * (C(8,7) + C(8,8)) / 2**8.
-    assert report.sign_test_p([1.0] * 7 + [-1.0]) == pytest.approx(18 / 256)
-    assert report.sign_test_p([0.0, 0.0]) == 1.0 and report.sign_test_p([1.0, 0.0]) == pytest.approx(1.0)
+    assert tables.sign_test_p([1.0] * 7 + [-1.0]) == pytest.approx(18 / 256)
+    assert tables.sign_test_p([0.0, 0.0]) == 1.0 and tables.sign_test_p([1.0, 0.0]) == pytest.approx(1.0)
 
 
 def run(task, method, seed, acc):
@@ -26,14 +26,14 @@ MDI = [{"task": "majority3", "method": "mdi", "acc_all": 0.875}]
 
 
 def test_count_table_counts_seeds_above_the_mdi_with_fishers_test_against_vanilla():
-    table = report.count_table(RECORDS, MDI)
+    table = tables.count_table(RECORDS, MDI)
     assert "| majority3 | vanilla | 8 | 8/8 | 0/8 | 0/8 | - |" in table
     assert "| majority3 | mask | 8 | 8/8 | 3/8 | 3/8 | 1 / 0.2 / 0.2 |" in table
 
 
 def test_per_seed_table_has_a_column_per_seed_and_marks_diverged_runs():
     records = [*RECORDS[:8], run("majority3", "mask", 0, None)]
-    table = report.per_seed_table(records, "acc_all", ("task", "method"))
+    table = tables.per_seed_table(records, "acc_all", ("task", "method"))
     assert "| task | method | seed 0 | seed 1 |" in table
     assert "| majority3 | vanilla | 87.50 | 87.50 |" in table
     assert "| majority3 | mask | diverged | - |" in table
@@ -102,12 +102,12 @@ def test_persistence_pairs_within_a_row_policy_and_refuses_a_run_twice(main, tmp
 
 
 def test_paired_table_counts_wins_in_the_direction_that_is_better():
-    from maskjax import report
+    from maskjax import tables
 
     records = [{"corpus": "c", "method": m, "seed": s, "test_ppl": v}
                for m, values in {"mask": [10.0, 12.0, 9.0], "vanilla": [11.0, 13.0, 8.0]}.items()
                for s, v in enumerate(values)]
-    higher = report.paired_table(records, "test_ppl", "mask", ("corpus",))
-    lower = report.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True)
+    higher = tables.paired_table(records, "test_ppl", "mask", ("corpus",))
+    lower = tables.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True)
     assert "| c | vanilla | -0.333 | 1 / 2 / 0 | 1 |" in higher
     assert "| c | vanilla | -0.333 | 2 / 1 / 0 | 1 |" in lower and "lower is better" in lower

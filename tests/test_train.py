@@ -11,8 +11,8 @@ import pytest
 from conftest import ROOT
 
 from maskjax.methods import get_method
-from maskjax.report import summary_table
 from maskjax.studies import boolean as study
+from maskjax.tables import summary_table
 from maskjax.tasks.boolean import get_task
 from maskjax.train import TrainConfig, epoch_orders, first_nonfinite_step, train
 

@@ -1,0 +1,180 @@
+"""Figures drawn from records, without pyplot; every file written atomically by process 0."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from maskjax.store import publish
+
+
+def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", reference: str = "mdi") -> None:
+    """Accuracy per task and method with every seed shown; the reference method as a dashed line."""
+    tasks = list(dict.fromkeys(r["task"] for r in records))
+    methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != reference))
+    fig, axes = figure(1, len(tasks), 3.2, 3.2)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for i, method in enumerate(methods):
+            values = [
+                100 * r[key] for r in records if r["task"] == task and r["method"] == method and r[key] is not None
+            ]
+            if not values:  # not trained yet on this task, or every seed diverged
+                continue
+            jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
+            ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7)
+            ax.hlines(np.mean(values), i - 0.3, i + 0.3, color="k")
+        for r in records:
+            if r["task"] == task and r["method"] == reference:
+                ax.axhline(100 * r[key], ls="--", color="gray", label=reference)
+        ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
+        ax.set_title(task)
+        ax.set_ylabel(f"{key} (%)")
+    axes[0][0].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: str, line: str) -> None:
+    """y (in percent) against x on a log axis, one panel per value of `panel`, one line per value of `line`:
+    the mean over seeds, every seed as a dot."""
+    panels = list(dict.fromkeys(r[panel] for r in records))
+    lines = list(dict.fromkeys(r[line] for r in records))
+    fig, axes = figure(1, len(panels), 3.8, 3.2)
+    for ax, name in zip(axes[0], panels, strict=True):
+        for label in lines:
+            rows = [r for r in records if r[panel] == name and r[line] == label and r[y] is not None]
+            xs = sorted({r[x] for r in rows})
+            means = [100 * np.mean([r[y] for r in rows if r[x] == v]) for v in xs]
+            (drawn,) = ax.plot(xs, means, marker="o", label=str(label))
+            ax.scatter([r[x] for r in rows], [100 * r[y] for r in rows], s=8, alpha=0.4, color=drawn.get_color())
+        ax.set_xscale("log")
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{y} (%)")
+        ax.set_title(str(name))
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
+PANELS_PER_ROW = 4
+
+
+def plot_drift(
+    records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False, per_layer: bool = True
+) -> None:
+    """Per drift key, one panel per layer (wrapped PANELS_PER_ROW to a row): the mean over seeds against training
+    step, per method, with the seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per
+    key, [steps][layers] values; `per_layer=False` titles the panels by key, for curves with one value a step."""
+    records = [r for r in records if r.get("drift_steps")]
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    keys = [k for k in keys if any(k in r for r in records)]
+    layers = len(next(r[keys[0]][0] for r in records if keys[0] in r)) if keys else 0
+    columns = min(max(layers, 1), PANELS_PER_ROW)
+    rows_per_key = -(-max(layers, 1) // columns)
+    fig, axes = figure(max(len(keys), 1) * rows_per_key, columns, 3.6, 3.0)
+    for ax in axes.flat:
+        ax.axis("off")
+    for row, key in enumerate(keys):
+        for layer in range(layers):
+            ax = axes[row * rows_per_key + layer // columns][layer % columns]
+            ax.axis("on")
+            for method in methods:
+                runs = [r for r in records if r["method"] == method and key in r]
+                if not runs:
+                    continue
+                values = np.asarray([[step[layer] for step in r[key]] for r in runs], np.float64)
+                steps = runs[0]["drift_steps"]
+                ax.plot(steps, values.mean(0), label=method)
+                ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
+            ax.set_title(f"layer {layer}" if per_layer else key, fontsize=9)
+            if log:
+                ax.set_yscale("symlog", linthresh=1e-8)
+            ax.set_xlabel("step")
+            ax.set_ylabel(key, fontsize=8)
+    if layers:
+        axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def plot_step_curves(
+    records: Sequence[dict], path: Path, keys: Sequence[str], steps_key: str = "drift_steps", log: bool = False
+) -> None:
+    """plot_drift for curves with one value a step (a loss, not a per-layer probe): one panel per key, the
+    steps read from `steps_key`."""
+    as_layers = [
+        {**r, "drift_steps": r.get(steps_key), **{k: [[v] for v in r[k]] for k in keys if k in r}} for r in records
+    ]
+    plot_drift(as_layers, path, keys, log=log, per_layer=False)
+
+
+def plot_loss(records: Sequence[dict], path: Path) -> None:
+    """Training loss against step on a log axis, per method: the mean over seeds, the seed range shaded.
+    Runs without a finite `train_loss_curve` (diverged, or written before it was recorded) are left out."""
+    curves = [r for r in records if r.get("train_loss_curve") and None not in r["train_loss_curve"]]
+    if curves:
+        plot_step_curves(curves, path, ("train_loss_curve",), steps_key="train_loss_steps", log=True)
+
+
+def plot_matrices(
+    matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
+) -> None:
+    """One heat map per named [N, N] matrix, `columns` to a row (queries down, keys across)."""
+    rows = -(-len(matrices) // columns)
+    fig, axes = figure(rows, columns, 3.4, 3.2)
+    for ax in axes.flat[len(matrices) :]:
+        ax.axis("off")
+    for ax, (title, matrix) in zip(axes.flat, matrices.items(), strict=False):
+        image = ax.imshow(np.asarray(matrix), cmap="viridis")
+        ax.set_title(title, fontsize=9)
+        if labels is not None:
+            ax.set_xticks(range(len(labels)), labels, fontsize=5, rotation=90)
+            ax.set_yticks(range(len(labels)), labels, fontsize=5)
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path, title: str) -> None:
+    """A labelled heat map with each cell's value written in it."""
+    fig, axes = figure(1, 1, 1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5)
+    ax = axes[0][0]
+    image = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(columns)), columns)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel("closed logit")
+    ax.set_ylabel("open logit")
+    for (i, j), value in np.ndenumerate(grid):
+        ax.text(j, i, "-" if np.isnan(value) else f"{value:.1f}", ha="center", va="center", color="w", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def figure(rows: int, columns: int, width: float, height: float):
+    """A figure of rows x columns panels, each width x height inches, built without pyplot so that a
+    notebook's matplotlib backend is never switched; axes always 2-D."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * columns, height * rows))
+    return fig, fig.subplots(rows, columns, squeeze=False)
+
+
+def save_figure(fig, path: Path) -> None:
+    if jax.process_index() != 0:
+        return
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        publish(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

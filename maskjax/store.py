@@ -1,0 +1,126 @@
+"""Results files: records, maps, the environment a result ran in. Every file is written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from maskjax.errors import ConfigError, OutputFolderError
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish(tmp: str, path: Path) -> None:
+    """Give the temp file the mode a plain open() would have (mkstemp makes it 0600), then rename it."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside `path`, then rename: a reader sees the old file or the new, never a torn one.
+
+    In a multi-host job only process 0 writes; every process holds the same gathered results.
+    """
+    if jax.process_index() != 0:
+        return
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> None:
+    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def write_maps(path: Path, maps: dict[str, np.ndarray]) -> None:
+    """Small named arrays a plot is drawn from (attention maps, masks of seed 0), in float16, atomically, so
+    a resumed sweep can redraw the plots of batches it did not train itself. Only process 0 writes."""
+    if jax.process_index() != 0:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez_compressed(tmp, **{k: np.asarray(v, np.float16) for k, v in maps.items()})
+        publish(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def read_maps(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as arrays:
+        return {k: arrays[k].astype(np.float32) for k in arrays.files}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a results file; a line that is not JSON is bad input, named by file and line."""
+    records = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{number} is not a JSON record ({e.msg})") from None
+    return records
+
+
+def git_commit() -> str:
+    """The commit of the code that ran, with '+dirty' when the tree has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def environment() -> dict:
+    """What a result needs beside its config to be reproduced: commit, JAX version, devices."""
+    return {
+        "git_commit": git_commit(),
+        "jax_version": jax.__version__,
+        "devices": [str(d) for d in jax.devices()],
+        "backend": jax.default_backend(),
+    }
+
+
+def ensure_writable_dir(path: Path) -> Path:
+    """Create `path` if needed and prove it takes files; raise OSError with a plain message if not. In a
+    multi-host job only process 0 writes, so only it creates and checks the folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputFolderError(f"output path {str(path)!r} exists and is not a directory")
+    if jax.process_index() != 0:
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise OutputFolderError(f"output folder {str(path)!r} is not writable ({e.strerror or e})") from None
+    return path
