@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks import torch_gotu
 from experiments.cli import Parser, add_seeds, name_list, positive_float, positive_int, progress, run_main
-from maskjax import store, sweep, tables
+from maskjax import runs, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.studies import boolean
@@ -178,7 +178,7 @@ def run(task: BooleanTask, method: Method, seed: int, config: boolean.BooleanCon
         "method": method.name,
         "seed": seed,
         **metrics,
-        "train_loss": None if diverged else sweep.end_loss(losses),
+        "train_loss": None if diverged else runs.end_loss(losses),
         "diverged": diverged,
         "init": init,
         "preset": config.preset,

@@ -27,8 +27,8 @@ from experiments.cli import (
 )
 from maskjax import overrides, plots, store, tables
 from maskjax.methods import METHODS, get_method
+from maskjax.runner import BatchSpec, run_sweep
 from maskjax.studies import arithmetic as study
-from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks.arithmetic import FORMATS, OPERAND_DIGITS, OPS
 
 KEYS = ("seq_acc", "token_acc", "train_seq_acc", "train_loss")

@@ -29,8 +29,8 @@ from experiments.cli import (
 from maskjax import overrides, plots, priors, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import METHODS
+from maskjax.runner import BatchSpec, run_sweep
 from maskjax.studies import boolean as study
-from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks.boolean import TASKS
 from maskjax.train import OPTIMIZERS
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from maskjax import overrides, runtime, store
 from maskjax.errors import ConfigError
-from maskjax.sweep import RunControl
+from maskjax.runner import RunControl
 
 
 class UserError(ConfigError):

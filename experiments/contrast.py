@@ -18,8 +18,8 @@ from experiments.boolean import add_config_flags, resolve_config
 from experiments.cli import Parser, float_list, progress, run_control, run_main
 from maskjax import plots, store, tables
 from maskjax.errors import ConfigError
+from maskjax.runner import BatchSpec, run_sweep
 from maskjax.studies import boolean as study
-from maskjax.sweep import BatchSpec, run_sweep
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 

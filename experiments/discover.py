@@ -15,7 +15,7 @@ import numpy as np
 
 from experiments.cli import Parser, fraction_list, name_list, positive_int, progress, run_main
 from maskjax import discover, plots, priors, store, tables
-from maskjax.sweep import RunControl, open_sweep
+from maskjax.runner import RunControl, open_sweep
 from maskjax.tasks.boolean import TASKS, cube, get_task
 
 KEYS = ("recovered", "missing_pairs", "extra_pairs", "untested_pairs", "n_train")

@@ -33,8 +33,8 @@ from experiments.cli import (
 )
 from maskjax import plots, store, tables
 from maskjax.data import text, tokenizer
+from maskjax.runner import BatchSpec, run_sweep
 from maskjax.studies import language as study
-from maskjax.sweep import BatchSpec, run_sweep
 from maskjax.tasks import language as lt
 
 KEYS = ("test_ppl", "test_bpb", "train_loss")

@@ -16,8 +16,8 @@ from pathlib import Path
 from experiments.boolean import add_config_flags, resolve_config
 from experiments.cli import Parser, name_list, progress, run_main
 from maskjax import store, tables
+from maskjax.runner import RunControl, open_sweep
 from maskjax.studies import boolean as study
-from maskjax.sweep import RunControl, open_sweep
 from maskjax.tasks.boolean import PAPER_TASKS, TASKS
 
 

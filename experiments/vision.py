@@ -34,8 +34,8 @@ from experiments.cli import (
 from maskjax import plots, store, tables
 from maskjax.data import images
 from maskjax.errors import ConfigError
+from maskjax.runner import BatchSpec, run_sweep
 from maskjax.studies import vision as study
-from maskjax.sweep import BatchSpec, run_sweep
 
 KEYS = ("test_acc", "test_loss", "train_loss", "pattern_error_init")
 GROUPS = ("dataset", "train_fraction", "method")

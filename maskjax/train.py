@@ -378,3 +378,24 @@ def first_nonfinite_step(history: np.ndarray) -> np.ndarray:
     """Per run, the 1-based step whose loss first became NaN or infinite; 0 where none did."""
     bad = ~np.isfinite(history)
     return np.where(bad.any(axis=1), bad.argmax(axis=1) + 1, 0)
+
+
+def train_batch(
+    batch: Any, label: str, log: Log | None, checkpoints: Checkpointer | None, resume: bool, **options: Any
+) -> Trained:
+    """`train` on a study's batch: anything with init_run, loss, run_keys, run_masks (each run's initial M,
+    the one per-run input every study passes), data and train_config. options go to `train` (probe,
+    data_per_run, augment)."""
+    return train(
+        batch.init_run,
+        batch.loss,
+        batch.run_keys,
+        (batch.run_masks,),
+        batch.data,
+        batch.train_config,
+        log,
+        label=label,
+        checkpoints=checkpoints,
+        resume=resume,
+        **options,
+    )

@@ -1,7 +1,7 @@
 import matplotlib
 import numpy as np
 
-from maskjax import plots, store, sweep
+from maskjax import plots, runner, runs, store
 
 
 def png_width(path):
@@ -41,34 +41,33 @@ def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_p
 
 
 def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_drawn(tmp_path):
-    from maskjax import sweep
 
     def spec(method):
-        return sweep.BatchSpec(method, {"method": method}, 1, lambda checkpoints, resume: [{"method": method}])
+        return runner.BatchSpec(method, {"method": method}, 1, lambda checkpoints, resume: [{"method": method}])
 
     def run(plot_every, control):
         drawn = []
         specs = [spec("vanilla"), spec("mask")]
         write = lambda out, records: store.write_jsonl(out / "results.jsonl", records)  # noqa: E731
         plot = lambda records: drawn.append(len(records))  # noqa: E731  (the list grows after the call)
-        sweep.run_sweep(tmp_path / "out", {"c": 1}, specs, write, control, lambda m: None, plot, plot_every)
+        runner.run_sweep(tmp_path / "out", {"c": 1}, specs, write, control, lambda m: None, plot, plot_every)
         return drawn
 
-    assert run(plot_every=0.0, control=sweep.RunControl()) == [1, 2]  # after each batch; the end has nothing new
-    assert run(plot_every=1e9, control=sweep.RunControl(overwrite=True)) == [2]  # only at the end
-    assert run(plot_every=0.0, control=sweep.RunControl(resume=True)) == [2]  # a resumed folder is redrawn
+    assert run(plot_every=0.0, control=runner.RunControl()) == [1, 2]  # after each batch; the end has nothing new
+    assert run(plot_every=1e9, control=runner.RunControl(overwrite=True)) == [2]  # only at the end
+    assert run(plot_every=0.0, control=runner.RunControl(resume=True)) == [2]  # a resumed folder is redrawn
 
 
 def test_loss_curve_is_the_mean_of_equal_windows_and_none_where_a_window_diverged():
     losses = np.arange(1, 46, dtype=np.float64) / 7.0
-    steps, curve = sweep.loss_curve(losses, points=4)
+    steps, curve = runs.loss_curve(losses, points=4)
     assert steps == [12, 23, 34, 45]
     reference = [losses[a:b].mean() for a, b in ((0, 12), (12, 23), (23, 34), (34, 45))]
     np.testing.assert_allclose(curve, reference, rtol=1e-6)
-    assert sweep.loss_curve(losses[:3]) == ([1, 2, 3], [float(f"{v:.6g}") for v in losses[:3]])
+    assert runs.loss_curve(losses[:3]) == ([1, 2, 3], [float(f"{v:.6g}") for v in losses[:3]])
     losses[30] = np.nan
-    assert sweep.loss_curve(losses, points=4)[1][2] is None
-    assert sweep.loss_curve(np.zeros(0)) == ([], [])
+    assert runs.loss_curve(losses, points=4)[1][2] is None
+    assert runs.loss_curve(np.zeros(0)) == ([], [])
 
 
 def test_loss_plot_leaves_out_runs_without_a_finite_curve(tmp_path):

@@ -60,7 +60,7 @@ def test_random_pattern_matches_the_count_and_is_seeded():
 
 def test_each_mask_method_starts_from_its_own_logits():
     from maskjax.methods import get_method
-    from maskjax.sweep import initial_mask_logits
+    from maskjax.runs import initial_mask_logits
 
     oracle = priors.group_pattern(15, ((0, 1),))
     patterns = {"oracle": oracle, "random": priors.random_pattern(oracle, 3)}

@@ -302,12 +302,11 @@ def test_patch_stem_is_the_strided_convolution_it_replaces():
 
 
 def test_a_test_split_that_eval_batch_does_not_divide_is_refused_before_training(monkeypatch):
-    from maskjax import sweep
     from maskjax.studies import vision as study
 
     test = (np.zeros((12, 8, 8, 1), np.uint8), np.zeros(12, np.int32))
     data = images.ImageData("fashion_mnist", np.zeros((16, 8, 8, 1), np.uint8), np.zeros(16, np.int32), *test, 10)
-    monkeypatch.setattr(sweep, "train_batch", lambda *a, **k: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(study, "train_batch", lambda *a, **k: pytest.fail("trained before refusing"))
     config = dataclasses.replace(study.get_preset("test"), eval_batch=8)
     with pytest.raises(ValueError, match="not a multiple of eval_batch 8"):
         study.run_batch(data, get_method("vanilla"), 1.0, [0], config)

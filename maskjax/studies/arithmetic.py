@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors, sweep
+from maskjax import priors, runs
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
@@ -69,13 +69,13 @@ PRESETS: dict[str, ArithmeticConfig] = {
 
 
 def get_preset(name: str) -> ArithmeticConfig:
-    return sweep.get_preset(PRESETS, name)
+    return runs.get_preset(PRESETS, name)
 
 
 def mask_logits(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig) -> np.ndarray:
     """The method's initial M [length, length] (zeros for the zero mask; unused without a mask)."""
     patterns = functools.partial(ar.mask_pattern, task)
-    return sweep.initial_mask_logits(patterns, method, 0, (config.open_value, config.closed_value))
+    return runs.initial_mask_logits(patterns, method, 0, (config.open_value, config.closed_value))
 
 
 def make_model(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig, mask_init=None) -> CausalTransformer:
@@ -146,7 +146,7 @@ def make_batch(
     )
     target_HNN = jnp.broadcast_to(jnp.asarray(priors.row_distribution(prior), jnp.float32), open_HNN.shape)
 
-    init_run = sweep.prior_init(
+    init_run = runs.prior_init(
         lambda: make_model(task, method, config, prior),
         method,
         train_BNL[0, :1],
@@ -159,7 +159,7 @@ def make_batch(
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
 
     train_config = config.train_config(train_BNL.shape[1])
-    return Batch(model, init_run, loss, sweep.seed_keys(seeds), train_BNL, eval_BNL, train_config)
+    return Batch(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config)
 
 
 def run_batch(
@@ -201,7 +201,7 @@ def run_batch(
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
     fit_BNL = training_sample(np.asarray(batch.data), seeds, config.eval_size)
     fit_correct = to_host(decode(final.params, final.constants, jnp.asarray(fit_BNL))) == fit_BNL[:, :, ar.PROMPT :]
-    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started)
+    outcomes = runs.outcome_fields(trained, train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
         correct = answers[i] == truth[i]
@@ -235,7 +235,7 @@ def resolve(
     for task in tasks:
         for method in resolved:
             try:
-                ar.mask_pattern(task, sweep.mask_kind(method))
+                ar.mask_pattern(task, runs.mask_kind(method))
             except ConfigError as e:
                 raise ConfigError(f"method {method.name!r}: {e}") from None
     return tasks, resolved
@@ -248,4 +248,4 @@ def ladder_rule(records: Sequence[dict], fit: float = LADDER_FIT) -> dict:
     """docs/design.md's rule for one (rung, op, fraction): how many vanilla seeds fit their training pairs
     (`train_seq_acc` at least `fit`); passes when at least three quarters do."""
     fitted = [r.get("train_seq_acc") is not None and r["train_seq_acc"] >= fit for r in records]
-    return sweep.seed_verdict(fitted)
+    return runs.seed_verdict(fitted)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, priors, probes, sweep
+from maskjax import discover, priors, probes, runs
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
@@ -35,6 +35,7 @@ from maskjax.train import (
     compile_program,
     init_runs,
     to_host,
+    train_batch,
     variables_of,
 )
 
@@ -125,7 +126,7 @@ PRESETS["medium"] = dataclasses.replace(PRESETS["w64d4"], preset="medium")
 
 
 def get_preset(name: str) -> BooleanConfig:
-    return sweep.get_preset(PRESETS, name)
+    return runs.get_preset(PRESETS, name)
 
 
 def task_mask_logits(
@@ -140,7 +141,7 @@ def task_mask_logits(
     values: (open, closed) logits for this run; the config's when None.
     """
     values = values if values is not None else (config.open_value, config.closed_value)
-    return sweep.initial_mask_logits(
+    return runs.initial_mask_logits(
         lambda kind, s: task_pattern(task, kind, config.row_policy, s), method, seed, values
     )
 
@@ -173,7 +174,7 @@ def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: i
 
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
     """Layer-0 attention on the inputs x: [batch, heads, tokens, tokens]."""
-    return sweep.sown(model, variables, x, "attention")[0]
+    return runs.sown(model, variables, x, "attention")[0]
 
 
 def drift_probe(
@@ -213,7 +214,7 @@ def drift_probe(
         attention = jnp.stack([b["attention"][0] for b in blocks])
         if not has_mask:
             return attention, jnp.stack([b["qk_logits"][0] for b in blocks]), None
-        masks = sweep.mask_logits_of(model, method, variables)
+        masks = runs.mask_logits_of(model, method, variables)
         return attention, jax.nn.log_sigmoid(masks), masks
 
     def probe(initial, state) -> dict[str, jax.Array]:
@@ -298,7 +299,7 @@ def make_batch(
     )
     target_HNN = jnp.broadcast_to(jnp.asarray(oracle_target(task, config), jnp.float32), pattern_HNN.shape)
 
-    init_run = sweep.prior_init(
+    init_run = runs.prior_init(
         lambda mask_logits: make_model(task, method, config, mask_logits),
         method,
         data[0][:1],
@@ -311,7 +312,7 @@ def make_batch(
         x, y = batch
         return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
-    return Batch(model, init_run, loss, sweep.seed_keys(seeds), run_masks, values, data, config.train_config(task))
+    return Batch(model, init_run, loss, runs.seed_keys(seeds), run_masks, values, data, config.train_config(task))
 
 
 def run_batch(
@@ -337,7 +338,7 @@ def run_batch(
     target = oracle_target(task, config)
     started = time.time()
     probe = drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size))
-    trained = sweep.train_batch(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
+    trained = train_batch(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
     initial, final, drift, drift_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
 
     @jax.jit
@@ -350,7 +351,7 @@ def run_batch(
     attention_init, attention_final = on_maps.attention(initial), on_maps.attention(final)
     maps = {"init": on_maps.mean(attention_init), "final": on_maps.mean(attention_final)}
     failed = ~np.all(np.isfinite(preds), axis=1)
-    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, failed)
+    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, failed)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
     pair = parity_pair(task)
     records = []
@@ -445,7 +446,7 @@ def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
     hold in at least three quarters of them. A diverged run (no loss, no accuracy) does neither."""
     fit = [r["train_loss"] is not None and r["train_loss"] < FIT_LOSS for r in records]
     at_mdi = [r["acc_all"] is not None and abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
-    both = sweep.seed_verdict([f and a for f, a in zip(fit, at_mdi, strict=True)])
+    both = runs.seed_verdict([f and a for f, a in zip(fit, at_mdi, strict=True)])
     return {
         "seeds": both["seeds"],
         "fit": sum(fit),

@@ -20,14 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import probes, sweep
+from maskjax import probes, runs
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method, methods_for
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
 from maskjax.tasks import language as lt
-from maskjax.train import TrainConfig, to_host, variables_of
+from maskjax.train import TrainConfig, to_host, train_batch, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +133,7 @@ class LanguageData(NamedTuple):
 
 
 def get_preset(name: str) -> LanguageConfig:
-    return sweep.get_preset(PRESETS, name)
+    return runs.get_preset(PRESETS, name)
 
 
 def resolve(methods: Sequence[str]) -> list[Method]:
@@ -252,14 +252,14 @@ def run_batch(
         nll = window_nll(model.apply(variables, val_x[:, :-1]), val_x)
         out = {
             "val_loss": (nll * val_w).sum() / val_w.sum(),
-            "attention_drift": sweep.attention_drift(model, start, variables, drift_x),
+            "attention_drift": runs.attention_drift(model, start, variables, drift_x),
         }
         if has_mask:
             out |= probes.mask_persistence(mask_profiles(model, method, start), mask_profiles(model, method, variables))
         return out
 
     started = time.time()
-    trained = sweep.train_batch(
+    trained = train_batch(
         batch,
         f"{data.corpus} {method.name}",
         log,
@@ -269,7 +269,7 @@ def run_batch(
     )
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     nll_sum, tokens = score(model, final, data.test, data.test_weights, config.eval_batch)
-    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(nll_sum))
+    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(nll_sum))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
@@ -299,7 +299,7 @@ def run_batch(
 
 
 class Batch(NamedTuple):
-    """What `sweep.train_batch` needs for one (corpus, method) batch, and the model evaluation reuses."""
+    """What `train.train_batch` needs for one (corpus, method) batch, and the model evaluation reuses."""
 
     model: CausalTransformer
     init_run: Callable
@@ -315,7 +315,7 @@ def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config:
     the training windows."""
     model = make_model(data.vocab_size, method, config)
     train_windows = jnp.asarray(data.train)
-    init_run = sweep.prior_init(
+    init_run = runs.prior_init(
         lambda mask_logits: make_model(data.vocab_size, method, config, mask_logits),
         method,
         train_windows[:1, :-1],
@@ -328,7 +328,7 @@ def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config:
         return window_nll(model.apply(variables_of(params, constants), windows_BW[:, :-1]), windows_BW).mean()
 
     run_masks = jnp.asarray(np.stack([initial_mask(method, config)] * len(seeds)))
-    return Batch(model, init_run, loss, sweep.seed_keys(seeds), run_masks, train_windows, config.train_config())
+    return Batch(model, init_run, loss, runs.seed_keys(seeds), run_masks, train_windows, config.train_config())
 
 
 def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
@@ -359,4 +359,4 @@ def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
     """docs/design.md's rule for one rung: vanilla's test bits per byte below the bigram counted on the
     same tokens, in every seed."""
     below = [r["test_bpb"] is not None and r["test_bpb"] < bigram_bpb for r in records]
-    return sweep.seed_verdict(below, share=1.0)
+    return runs.seed_verdict(below, share=1.0)

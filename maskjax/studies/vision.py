@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors, probes, sweep
+from maskjax import priors, probes, runs
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
@@ -27,7 +27,7 @@ from maskjax.methods import Method, check_in_study, get_method, methods_for
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
 from maskjax.tasks import vision as vt
-from maskjax.train import TrainConfig, to_host, variables_of
+from maskjax.train import TrainConfig, to_host, train_batch, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +114,7 @@ METHODS = methods_for("vision")
 
 
 def get_preset(name: str) -> VisionConfig:
-    return sweep.get_preset(PRESETS, name)
+    return runs.get_preset(PRESETS, name)
 
 
 def make_task(data: ImageData, config: VisionConfig) -> vt.VisionTask:
@@ -136,7 +136,7 @@ def make_model(task: vt.VisionTask, method: Method, config: VisionConfig, mask_i
 
 def initial_mask(task: vt.VisionTask, method: Method, config: VisionConfig, seed: int = 0) -> np.ndarray:
     """The method's initial M [tokens, tokens] for one seed (shared by heads and layers)."""
-    return sweep.initial_mask_logits(
+    return runs.initial_mask_logits(
         lambda kind, s: vt.mask_pattern(task, kind, s), method, seed, (config.open_value, config.closed_value)
     )
 
@@ -201,7 +201,7 @@ def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence
     model = make_model(task, method, config)
     run_masks = jnp.asarray(np.stack([initial_mask(task, method, config, seed) for seed in seeds]))
     pattern, target = qk_target(task, method, config)
-    init_run = sweep.prior_init(
+    init_run = runs.prior_init(
         lambda mask_logits: make_model(task, method, config, mask_logits),
         method,
         vt.normalise(jnp.asarray(data.train_images[:1]), mean, std),
@@ -226,7 +226,7 @@ def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence
         init_run,
         loss,
         augment,
-        sweep.seed_keys(seeds),
+        runs.seed_keys(seeds),
         run_masks,
         train_data,
         per_run,
@@ -265,24 +265,24 @@ def run_batch(
         out = {
             "test_acc_probe": (logits.argmax(-1) == probe_y).mean(),
             "test_loss_probe": optax.softmax_cross_entropy_with_integer_labels(logits, probe_y).mean(),
-            "attention_drift": sweep.attention_drift(model, start, variables, drift_x),
+            "attention_drift": runs.attention_drift(model, start, variables, drift_x),
         }
         if has_mask:
             out |= probes.mask_persistence(
-                sweep.mask_logits_of(model, method, start),
-                sweep.mask_logits_of(model, method, variables),
+                runs.mask_logits_of(model, method, start),
+                runs.mask_logits_of(model, method, variables),
             )
         return out
 
     started = time.time()
     label = f"{data.name} {fraction:g} {method.name}"
-    trained = sweep.train_batch(
+    trained = train_batch(
         batch, label, log, checkpoints, resume, probe=probe, data_per_run=batch.data_per_run, augment=batch.augment
     )
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     test_acc, test_loss = evaluate(model, final, data, mean, std, config.eval_batch)
     pattern_error = layer0_pattern_error(model, initial, drift_x, batch.target)
-    outcomes = sweep.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(test_loss))
+    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(test_loss))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
@@ -304,10 +304,10 @@ def run_batch(
     first = vt.normalise(jnp.asarray(data.test_images[:1]), mean, std)
     start, end = (jax.tree.map(lambda a: a[0], s) for s in (initial, final))
     start_vars, end_vars = variables_of(start.params, start.constants), variables_of(end.params, end.constants)
-    plots = {"attention": to_host(sweep.sown(model, end_vars, first, "attention"))[:, 0]}
+    plots = {"attention": to_host(runs.sown(model, end_vars, first, "attention"))[:, 0]}
     if has_mask:
-        plots["mask_init"] = to_host(sweep.mask_logits_of(model, method, start_vars))
-        plots["mask_final"] = to_host(sweep.mask_logits_of(model, method, end_vars))
+        plots["mask_init"] = to_host(runs.mask_logits_of(model, method, start_vars))
+        plots["mask_final"] = to_host(runs.mask_logits_of(model, method, end_vars))
     return records, plots
 
 
@@ -351,7 +351,7 @@ def layer0_pattern_error(model: ViT, initial, images: jax.Array, target_HNN: np.
     @jax.jit
     @jax.vmap
     def layer0(params, constants):
-        return sweep.sown(model, variables_of(params, constants), images, "attention")[0]
+        return runs.sown(model, variables_of(params, constants), images, "attention")[0]
 
     attention = to_host(layer0(initial.params, initial.constants)).astype(np.float64)
     return [float(0.5 * np.abs(a - target_HNN[None]).sum(-1).mean()) for a in attention]
@@ -371,4 +371,4 @@ def ladder_rule(records: Sequence[dict], linear: Sequence[dict], margin: float =
         if key not in reference:
             raise ConfigError(f"no softmax-regression record for training fraction {key[0]:g}, seed {key[1]}")
         beat.append(r["test_acc"] is not None and r["test_acc"] >= reference[key] + margin)
-    return sweep.seed_verdict(beat)
+    return runs.seed_verdict(beat)

@@ -1,0 +1,151 @@
+"""The one sweep runner: check the output folder, write config.json, skip the groups of runs already in
+results.jsonl, checkpoint each group, append its records and rewrite the outputs atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from maskjax import store
+from maskjax.checkpoint import SweepCheckpoints
+from maskjax.errors import ConfigError
+
+Log = Callable[[str], None]
+
+
+class SweepError(ConfigError):
+    """An output folder that cannot be used as asked (another config, nothing to resume)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunControl:
+    """How a sweep treats its output folder: checkpoint cadence, resume, overwrite."""
+
+    checkpoint_every: int | None = None
+    resume: bool = False
+    overwrite: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+    """One vmapped batch of a sweep. fields: the record fields all its runs share and that name it in
+    results.jsonl (e.g. task and method); runs: how many records it writes; train(checkpoints, resume)
+    trains it and returns its records."""
+
+    name: str
+    fields: dict[str, Any]
+    runs: int
+    train: Callable[[SweepCheckpoints, bool], list[dict]]
+
+    def done_in(self, records: list[dict]) -> bool:
+        return sum(all(r.get(k) == v for k, v in self.fields.items()) for r in records) == self.runs
+
+
+def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
+    """Check `out` against the config it holds; return the records a resumed run keeps.
+
+    A folder with results of another config is refused unless overwrite, and so is one with results of
+    this config unless resume or overwrite: a repeated command never replaces results silently. resume
+    needs a folder written by the same config. `config` excludes the environment (commit, devices).
+    """
+    out = store.ensure_writable_dir(out)
+    config_path, results_path = out / "config.json", out / "results.jsonl"
+    held = None
+    if config_path.exists():
+        try:
+            held = {k: v for k, v in json.loads(config_path.read_text()).items() if k != "environment"}
+        except (OSError, json.JSONDecodeError):
+            raise SweepError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
+    same = held == json.loads(json.dumps(config, default=str))
+    if control.resume and control.overwrite:
+        raise SweepError("--resume and --overwrite exclude each other")
+    if control.resume:
+        if held is None:
+            raise SweepError(f"nothing to resume in {out}: no config.json from an earlier run")
+        if not same:
+            raise SweepError(f"cannot resume: {out} holds a run of a different config")
+        return store.read_jsonl(results_path) if results_path.exists() else []
+    if held is not None and not same and not control.overwrite:
+        raise SweepError(f"{out} holds results of a different config; pass --overwrite or choose another --out")
+    held_records = store.read_jsonl(results_path) if results_path.exists() else []
+    if held_records and not control.overwrite:
+        raise SweepError(
+            f"{out} already holds {len(held_records)} results of this config; pass --resume to continue it, "
+            "--overwrite to replace it, or choose another --out"
+        )
+    if control.overwrite:
+        remove_tree(out / "checkpoints")
+    return []
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a folder, from process 0 only: in a multi-host job every process runs the sweep, one writes."""
+    if jax.process_index() == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict], dict]:
+    """Prepare `out`, write its config.json; return (records kept from a resumed run, the metadata every
+    new record carries: config, git commit, JAX version, devices)."""
+    records = prepare_out(out, config, control)
+    env = store.environment()
+    store.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
+    return records, {"config": config, **env}
+
+
+def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunControl) -> SweepCheckpoints:
+    """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
+    directory = out / "checkpoints" / name
+    if not control.resume:
+        remove_tree(directory)
+    return SweepCheckpoints(directory, fingerprint, control.checkpoint_every)
+
+
+PLOT_EVERY_SECONDS = 300.0
+
+
+def run_sweep(
+    out: Path,
+    config: dict,
+    batches: Sequence[BatchSpec],
+    write: Callable[[Path, list[dict]], Any],
+    control: RunControl,
+    log: Log,
+    plot: Callable[[list[dict]], None] | None = None,
+    plot_every: float = PLOT_EVERY_SECONDS,
+) -> list[dict]:
+    """Train every batch not yet in out/results.jsonl, in order; after each, append its records (with the
+    sweep's metadata) and call write(out, records). Returns all records.
+
+    plot(records) draws every figure from the records so far: after a batch when the last drawing is at
+    least plot_every seconds old (so a long sweep's figures stay current while short batches do not
+    spend their time drawing), and at the end unless the last batch was just drawn, which also redraws a
+    resumed folder with this code.
+    """
+    records, meta = open_sweep(out, config, control)
+    plot = plot if jax.process_index() == 0 else None  # figures are files: process 0 draws them
+    last_plot, drawn = time.monotonic(), None
+    for k, spec in enumerate(batches, 1):
+        if spec.done_in(records):
+            log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
+            continue
+        log(f"batch {k} of {len(batches)}: {spec.name}, {spec.runs} runs")
+        checkpoints = batch_checkpoints(out, spec.name, {"config": config, "batch": spec.name}, control)
+        batch = spec.train(checkpoints, control.resume)
+        records += [{**r, **meta} for r in batch]
+        write(out, records)
+        remove_tree(checkpoints.directory)
+        if plot is not None and time.monotonic() - last_plot >= plot_every:
+            plot(records)
+            last_plot, drawn = time.monotonic(), len(records)
+    if plot is not None and records and drawn != len(records):
+        plot(records)
+    remove_tree(out / "checkpoints")
+    return records

@@ -1,0 +1,156 @@
+"""What every study's runs share: presets by name, one key per seed, a method's initial mask from the
+task's own patterns, the init that puts a QK prior into a fresh model, the probes on a trained model, and
+the fields every record carries (divergence, the end-of-training loss, the group it trained in)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from maskjax import priors, probes, qk_priors
+from maskjax.errors import ConfigError
+from maskjax.methods import Method
+from maskjax.train import InitRun, TrainConfig, Trained, first_nonfinite_step
+
+Config = TypeVar("Config")
+# A task's mask patterns: (kind, seed) -> boolean open matrix [N, N]; kinds as Method.mask_pattern.
+Patterns = Callable[[str, int], np.ndarray]
+
+
+def get_preset(presets: Mapping[str, Config], name: str) -> Config:
+    if name not in presets:
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(presets)}")
+    return presets[name]
+
+
+def seed_keys(seeds: Sequence[int]) -> jax.Array:
+    """One PRNG key per run, from its seed alone, so a run does not depend on its batch."""
+    return jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+
+
+def mask_kind(method: Method) -> str:
+    """The kind of task pattern a method's mask is built from; the oracle's for no mask or a zero mask,
+    whose shape is all they take from it."""
+    return "oracle" if method.mask_pattern in ("none", "zero") else method.mask_pattern
+
+
+def initial_mask_logits(patterns: Patterns, method: Method, seed: int, values: tuple[float, float]) -> np.ndarray:
+    """The method's initial M [N, N] for one run: all zeros for the zero mask, otherwise the task's
+    pattern of the method's kind at the (open, closed) values. Methods without a mask get the oracle's
+    (the model ignores it), so every method of a study builds the same inputs."""
+    pattern = patterns(mask_kind(method), seed)
+    if method.mask_pattern == "zero":
+        return np.zeros(pattern.shape, np.float32)
+    return np.asarray(priors.mask_logits(pattern, *values))
+
+
+def prior_init(
+    build: Callable[..., Any],
+    method: Method,
+    sample: jax.Array,
+    pattern_HNN: jax.Array,
+    target_HNN: jax.Array,
+    qk_opt_steps: int,
+) -> InitRun:
+    """init_run(key, *mask_logits) for `train`: build(*mask_logits) initialised on `sample` from the run's
+    key itself (so adding a method never changes the others), then the method's QK prior put into
+    W_Q, W_K (`qk_priors.with_qk_prior`, drawn from fold_in(key, 1))."""
+
+    def init_run(key: jax.Array, *mask_logits: jax.Array) -> tuple[dict, dict]:
+        variables = build(*mask_logits).init(key, sample)
+        params = qk_priors.with_qk_prior(
+            variables["params"],
+            jax.random.fold_in(key, 1),
+            method.qk_init,
+            pattern_HNN,
+            target_HNN,
+            opt_steps=qk_opt_steps,
+        )
+        return params, variables.get("constants", {})
+
+    return init_run
+
+
+def sown(model: Any, variables: dict, x: jax.Array, name: str) -> jax.Array:
+    """What every block's attention sowed under `name` on the inputs x (blocks named block_{i} at the top
+    of the model): [layers, batch, heads, tokens, tokens]."""
+    _, state = model.apply(variables, x, mutable=["intermediates"])
+    blocks = state["intermediates"]
+    return jnp.stack([blocks[f"block_{i}"]["attn"][name][0] for i in range(model.config.depth)])
+
+
+def attention_drift(model: Any, start: dict, variables: dict, x: jax.Array) -> jax.Array:
+    """How far every layer's attention on the inputs x moved from where it started: the rows' total
+    variation from `start`'s attention, averaged over inputs, heads and queries, [layers]. The drift probe
+    the vision and language studies share."""
+    now, then = sown(model, variables, x, "attention"), sown(model, start, x, "attention")
+    return probes.row_total_variation(now, then).mean(axis=(1, 2, 3))
+
+
+def mask_logits_of(model: Any, method: Method, variables: dict) -> jax.Array:
+    """The mask logits M of every layer, [layers, heads, N, N], from params (learnable) or constants (fixed)."""
+    collection = "params" if method.mask_mode == "learnable" else "constants"
+    return jnp.stack([variables[collection][f"block_{i}"]["attn"]["mask_logits"] for i in range(model.config.depth)])
+
+
+def seed_verdict(passed: Sequence[bool], share: float = 0.75) -> dict:
+    """How many seeds pass a rule and whether at least `share` of them do (0.75: three of four; 1: every
+    seed); no seeds never pass. The rules that name a preset (docs/design.md) all count this way."""
+    seeds, count = len(passed), sum(passed)
+    return {"seeds": seeds, "pass": count, "passes": seeds > 0 and count >= share * seeds}
+
+
+def end_loss(losses_S: np.ndarray) -> float:
+    """The training loss a run ends at: the mean of its last 5% of steps (at least one)."""
+    return float(np.mean(losses_S[-max(1, losses_S.shape[0] // 20) :]))
+
+
+LOSS_CURVE_POINTS = 20
+
+
+def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[list[int], list[float | None]]:
+    """A run's training loss in `points` equal windows of steps, small enough for every record: each window's
+    last step (1-based) and mean loss, to 6 digits (None where the window went non-finite)."""
+    if not losses_S.shape[0]:
+        return [], []
+    windows = np.array_split(np.arange(losses_S.shape[0]), min(points, losses_S.shape[0]))
+    means = [float(np.mean(losses_S[w])) for w in windows]
+    return [int(w[-1]) + 1 for w in windows], [float(f"{m:.6g}") if np.isfinite(m) else None for m in means]
+
+
+def outcome_fields(
+    trained: Trained, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
+) -> list[dict]:
+    """Per run, what every study records about its training: the end loss (None once diverged) and the
+    coarse loss curve, whether and where the loss went non-finite (`failed` adds runs whose outputs did),
+    the schedule and the batch it shared. batch_seconds is this process's time: after a resume it covers
+    only the steps from resumed_at_step, so it is not the run's cost."""
+    losses_RS = trained.losses
+    diverged_at = first_nonfinite_step(losses_RS)
+    fields = []
+    for i in range(losses_RS.shape[0]):
+        diverged = bool(diverged_at[i]) or bool(failed is not None and failed[i])
+        curve_steps, curve = loss_curve(losses_RS[i])
+        fields.append(
+            {
+                "train_loss": None if diverged else end_loss(losses_RS[i]),
+                "train_loss_steps": curve_steps,
+                "train_loss_curve": curve,
+                "diverged": diverged,
+                "diverged_at_step": int(diverged_at[i]) or None,
+                "steps": int(config.steps),
+                "learning_rate": config.learning_rate,
+                "optimizer": config.optimizer,
+                "mask_weight_decay": config.mask_weight_decay,
+                "runs_in_batch": int(losses_RS.shape[0]),
+                "batch_seconds": round(seconds, 2),
+                "resumed_at_step": trained.resumed_at_step or None,
+            }
+        )
+    return fields
+
+
