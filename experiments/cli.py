@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,10 @@ import numpy as np
 
 from maskjax import overrides, runtime, store
 from maskjax.errors import ConfigError
-from maskjax.runner import RunControl
+from maskjax.methods import methods_for
+from maskjax.runner import RunControl, progress, run
+from maskjax.runs import get_preset
+from maskjax.study import Study
 
 
 class UserError(ConfigError):
@@ -141,10 +144,6 @@ def fraction_list(include_one: bool) -> Callable[[str], list[float]]:
     return parse
 
 
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 DISTRIBUTED_ENV = {
     "coordinator_address": "JAX_COORDINATOR_ADDRESS",
     "num_processes": "JAX_NUM_PROCESSES",
@@ -202,23 +201,6 @@ def source_line(folder: Path, records: Sequence[dict]) -> str:
     return f"- `{folder}`: {len(records)} records, commit {', '.join(commits)}"
 
 
-MODEL_FLAGS = ("dim", "depth", "heads", "head_dim", "mlp_dim")
-
-
-def add_model_flags(parser: argparse.ArgumentParser, help_prefix: str = "model") -> None:
-    """--dim, --depth, --heads, --head-dim, --mlp-dim: each overrides the preset's ModelConfig field."""
-    for flag in MODEL_FLAGS:
-        parser.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"{help_prefix} {flag}")
-
-
-def with_overrides(config: Any, args: argparse.Namespace, fields: Sequence[str]) -> Any:
-    """A study config with every flag the user set: the model flags on config.model, `fields` on config,
-    then each --set NAME=VALUE."""
-    model = dataclasses.replace(config.model, **{k: v for k in MODEL_FLAGS if (v := getattr(args, k)) is not None})
-    config = dataclasses.replace(config, model=model, **{k: v for k in fields if (v := getattr(args, k)) is not None})
-    return overrides.apply(config, getattr(args, "set", []))
-
-
 def add_run_control(parser: argparse.ArgumentParser) -> None:
     """Flags every long-running CLI shares: any config field (--set), checkpoints, resume, overwrite."""
     parser.add_argument(
@@ -239,3 +221,102 @@ def add_run_control(parser: argparse.ArgumentParser) -> None:
 def run_control(args: argparse.Namespace) -> RunControl:
     """The sweep's folder policy from the flags of `add_run_control`."""
     return RunControl(args.checkpoint_every, args.resume, args.overwrite)
+
+
+def add_field_flags(
+    parser: argparse.ArgumentParser,
+    kind: type,
+    dest: str,
+    title: str,
+    exclude: Collection[str] = (),
+    defaults: bool = False,
+) -> None:
+    """One flag per leaf field of a config dataclass (nested ones flattened: model.dim is --dim), each
+    setting only what the user gives, so the preset stays the default."""
+    group = parser.add_argument_group(title)
+    for field in overrides.fields_of(kind):
+        if field.path == ("preset",) or field.name in exclude:
+            continue
+        help_text = field.meta.get("help") or " ".join(field.path).replace("_", " ")
+        if defaults:
+            default = overrides.get(kind(), field.path)
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            help_text += f" (default {shown})"
+        options: dict[str, Any] = {"dest": f"{dest}.{field.name}", "default": argparse.SUPPRESS, "help": help_text}
+        choices = field.meta.get("choices") or (
+            typing.get_args(field.kind) if typing.get_origin(field.kind) is typing.Literal else None
+        )
+        if field.kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif choices:
+            options["choices"] = choices
+        else:
+            options["type"] = overrides.flag_type(field.kind, field.meta, field.name)
+            options["metavar"] = field.path[-1].upper()
+        group.add_argument(f"--{field.flag}", **options)
+
+
+def given(args: argparse.Namespace, dest: str) -> dict[tuple[str, ...], Any]:
+    """The field flags the user gave, by field path."""
+    return {tuple(k.split(".")[1:]): v for k, v in vars(args).items() if k.startswith(dest + ".")}
+
+
+def add_config_flags(
+    parser: argparse.ArgumentParser, study: Study, exclude: Collection[str] = (), with_run_control: bool = True
+) -> None:
+    """--seeds, --preset, every config field's flag, the study's own flags and run control: what any tool
+    that trains a study's config takes (`main` adds --methods, --out and the scope)."""
+    add_seeds(parser, study.default_seeds)
+    parser.add_argument(
+        "--preset",
+        default=study.default_preset,
+        help=f"one of {','.join(study.presets)} (default {study.default_preset})",
+    )
+    add_field_flags(parser, study.config_type, "config", "config (default: the preset's)", exclude)
+    study.add_flags(parser)
+    if with_run_control:
+        add_run_control(parser)
+
+
+def config_from_args(study: Study, args: argparse.Namespace) -> Any:
+    """The preset, then each field flag given, the study's own flags, then each --set (a later one wins)."""
+    config = get_preset(study.presets, args.preset)
+    for path, value in given(args, "config").items():
+        config = overrides.replace(config, path, value)
+    config = study.apply_flags(config, args)
+    return overrides.apply(config, getattr(args, "set", []))
+
+
+def study_parser(study: Study) -> Parser:
+    p = Parser(prog=f"python -m experiments.{study.name}", description=study.description)
+    add_field_flags(p, study.scope_type, "scope", "what to run", defaults=True)
+    p.add_argument(
+        "--methods",
+        type=name_list,
+        default=list(study.default_methods),
+        help=f"comma list of {','.join(methods_for(study.name))} (default {','.join(study.default_methods)})",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("results") / study.name, help=f"output folder (default results/{study.name})"
+    )
+    add_config_flags(p, study)
+    return p
+
+
+def main(study: Study, argv: list[str] | None = None) -> int:
+    """Any study as a CLI: parse, `maskjax.runner.run`, print the summary table and where the files are."""
+    args = study_parser(study).parse_args(argv)
+    scope = study.scope_type(**{path[0]: value for path, value in given(args, "scope").items()})
+    result = run(
+        study,
+        config_from_args(study, args),
+        args.out,
+        scope=scope,
+        methods=args.methods,
+        seeds=args.seeds,
+        control=run_control(args),
+        log=progress,
+    )
+    print(result.table, end="")
+    print(f"results in {result.out}/ (results.jsonl, summary.md, config.json, {study.figures})", file=sys.stderr)
+    return 0

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.boolean import add_config_flags, resolve_config
-from experiments.cli import Parser, float_list, progress, run_control, run_main
+from experiments.cli import Parser, add_config_flags, config_from_args, float_list, progress, run_control, run_main
 from maskjax import plots, store, tables
 from maskjax.errors import ConfigError
 from maskjax.runner import BatchSpec, run_sweep
@@ -33,13 +32,14 @@ def parse_args(argv: list[str] | None):
     p.add_argument(
         "--out", type=Path, default=Path("results/contrast"), help="output folder (default results/contrast)"
     )
-    add_config_flags(p, mask_values=False)
+    add_config_flags(p, study.STUDY, exclude=("open_value", "closed_value"))
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    config = resolve_config(args)
+    config = config_from_args(study.STUDY, args)
+    study.check_config(config)
     (task,), (method,) = study.resolve([args.task], [args.method], config)
     if method.mask_pattern != "oracle":
         raise ConfigError(f"--method={method.name}: the contrast sweep needs a method with the oracle mask")

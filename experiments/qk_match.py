@@ -13,8 +13,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from experiments.boolean import add_config_flags, resolve_config
-from experiments.cli import Parser, name_list, progress, run_main
+from experiments.cli import Parser, add_config_flags, config_from_args, name_list, progress, run_main
 from maskjax import store, tables
 from maskjax.runner import RunControl, open_sweep
 from maskjax.studies import boolean as study
@@ -33,14 +32,15 @@ def parse_args(argv: list[str] | None):
         "--methods", type=name_list, default=["vanilla", "mask", "qk_svd", "qk_opt", "mimetic"], help="comma list"
     )
     p.add_argument("--out", type=Path, default=Path("results/qk_match"), help="output folder")
-    add_config_flags(p, run_control=False)
+    add_config_flags(p, study.STUDY, with_run_control=False)
     p.add_argument("--overwrite", action="store_true", help="replace results of a different config in --out")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    config = resolve_config(args)
+    config = config_from_args(study.STUDY, args)
+    study.check_config(config)
     tasks, methods = study.resolve(args.tasks, args.methods, config)
     seeds = args.seeds
     resolved = {"study": "qk_match", "tasks": args.tasks, "methods": args.methods, "seeds": seeds}

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from experiments.boolean import KEYS
 from experiments.cli import Parser, UserError, read_result_folders, run_main, source_line
 from maskjax import plots, store, tables
 from maskjax.models.layers import ModelConfig
@@ -199,7 +198,7 @@ def scale_tables(records: list[dict]) -> dict[str, str]:
     return {
         "cost": cost_table(records),
         "rule": rule_table(records, mdi),
-        "summary": tables.summary_table(reference + records, KEYS, GROUP),
+        "summary": tables.summary_table(reference + records, study.KEYS, GROUP),
         "count": tables.count_table(records, reference, GROUP),
         "unseen": unseen_table(records, reference, target_unseen),
     }

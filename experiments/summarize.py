@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from experiments.boolean import plot_probes, summary_markdown
 from experiments.cli import Parser, UserError, name_list, read_result_folders, run_main, source_line
 from maskjax import plots, store
 from maskjax.studies import boolean as study
@@ -44,12 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(keys)) != len(keys):
         raise UserError("the same group and seed appear twice in these folders")
     reference = [study.mdi_record(get_task(t)) for t in dict.fromkeys(r["task"] for r in records)]
-    body = summary_markdown(records, reference, tuple(args.by))
+    body = study.summary_markdown(records, reference, tuple(args.by))
     store.write_atomic(args.out, f"# {args.title}\n\nFrom:\n" + "\n".join(sources) + "\n\n" + body)
     if args.plots:
         plots.plot_accuracy(reference + records, args.out.parent / "accuracy.png")
         for task in dict.fromkeys(r["task"] for r in records):
-            plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
+            study.plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
     print(body, end="")
     print(f"written to {args.out}", file=sys.stderr)
     return 0

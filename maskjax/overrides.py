@@ -1,22 +1,171 @@
-"""Generic `field=value` overrides of a frozen config dataclass, checked against the field's type.
+"""A study config's fields, set from text: `--set NAME=VALUE` and the flags generated from the dataclass.
 
 `apply(config, ["model.dim=64", "learning_rate=3e-4"])` returns a new config; a dotted name reaches into a
-nested dataclass. A name that is not a field, or a value that does not parse as the field's type, is a
-`ConfigError` that names the fields there are, so a typo never silently trains the preset.
+nested dataclass. Both routes read a value with one converter (`convert`), against the field's type and the
+bounds its `option(...)` metadata gives, so `--learning-rate=0`, `--set learning_rate=0` and a config built
+in Python (`check`) are refused alike. A name that is not a field, or a value that does not fit, is a
+`ConfigError` that says what is wrong, so a typo never silently trains the preset.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from maskjax.errors import ConfigError
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def option(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str = "",
+    flag: str | None = None,
+    minimum: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    maximum: float | None = None,
+    choices: Sequence[str] | None = None,
+    record: bool = True,
+) -> Any:
+    """A config field with what its flag needs: help, a flag name other than the field's, bounds (ints are
+    >= 1 unless `minimum` says otherwise), a closed list of values, and whether config.json records it."""
+    meta = {"help": help, "flag": flag, "minimum": minimum, "above": above, "below": below, "maximum": maximum}
+    meta.update(choices=tuple(choices) if choices is not None else None, record=record)
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for a sequence default")
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One settable field: its dotted path, type and option metadata."""
+
+    path: tuple[str, ...]
+    kind: Any
+    meta: typing.Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+    @property
+    def flag(self) -> str:
+        return self.meta.get("flag") or self.path[-1].replace("_", "-")
+
+
+class BadValue(ValueError):
+    """What a value should have been ("a positive integer"), for the caller to name the field or flag."""
+
+    def __init__(self, expected: str, text: object) -> None:
+        super().__init__(f"expected {expected}, got {str(text)!r}")
+        self.expected, self.text = expected, text
+
+
+def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool) -> None:
+    lo, above, below, hi = (meta.get(k) for k in ("minimum", "above", "below", "maximum"))
+    if integer and lo is None and above is None:
+        lo = 1
+    words = []
+    if above is not None:
+        words.append(f"> {above:g}")
+    if lo is not None:
+        words.append(f">= {lo:g}")
+    if below is not None:
+        words.append(f"< {below:g}")
+    if hi is not None:
+        words.append(f"<= {hi:g}")
+    bad = (
+        (above is not None and not value > above)
+        or (lo is not None and not value >= lo)
+        or (below is not None and not value < below)
+        or (hi is not None and not value <= hi)
+    )
+    if bad:
+        if integer:
+            what = "a positive integer" if words == [">= 1"] else f"an integer {' and '.join(words)}"
+        else:
+            what = f"a finite number {' and '.join(words)}"
+        raise BadValue(what, value if not integer else int(value))
+
+
+def convert(text: str, kind: Any, meta: typing.Mapping[str, Any] = types.MappingProxyType({})) -> Any:
+    """`text` as a value of `kind` (int, float, str, bool, Path, a Literal, a tuple of one of these, or any of
+    these or None), within `meta`'s bounds and choices; BadValue otherwise."""
+    origin = typing.get_origin(kind)
+    if origin in (typing.Union, types.UnionType):
+        options = [o for o in typing.get_args(kind) if o is not type(None)]
+        if type(None) in typing.get_args(kind) and text.strip().lower() == "none":
+            return None
+        if len(options) == 1:
+            return convert(text, options[0], meta)
+        raise BadValue(" or ".join(map(str, options)), text)
+    if origin is tuple:
+        element = typing.get_args(kind)[0]
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise BadValue("a comma-separated list", text)
+        return tuple(convert(t, element, meta) for t in items)
+    choices = typing.get_args(kind) if origin is typing.Literal else meta.get("choices")
+    if choices is not None and text not in choices:
+        raise BadValue(f"one of {', '.join(map(str, choices))}", text)
+    if origin is typing.Literal or kind is str:
+        return text
+    if kind is Path:
+        return Path(text)
+    if kind is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise BadValue("true or false", text)
+    if kind is int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise BadValue("an integer", text) from None
+        _bounds(value, meta, integer=True)
+        return value
+    if kind is float:
+        try:
+            number = float(text)
+        except ValueError:
+            raise BadValue("a number", text) from None
+        if not math.isfinite(number):
+            raise BadValue("a finite number", text)
+        _bounds(number, meta, integer=False)
+        return number
+    raise BadValue(f"a value of type {kind}, which cannot be set from text", text)
+
+
+def flag_type(kind: Any, meta: typing.Mapping[str, Any] = types.MappingProxyType({}), name: str = "value"):
+    """`convert` as an argparse type: a bad value is argparse's one-line error naming the flag."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text, kind, meta)
+        except BadValue as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    parse.__name__ = name
+    return parse
+
+
+def fields_of(config_type: type, prefix: tuple[str, ...] = ()) -> Iterator[Field]:
+    """Every leaf field of a config dataclass, nested dataclasses flattened in order; dict fields are left
+    out (they are set whole in Python or by the study's own flags)."""
+    hints = typing.get_type_hints(config_type)
+    for f in dataclasses.fields(config_type):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            yield from fields_of(kind, (*prefix, f.name))
+        elif typing.get_origin(kind) is not dict and kind is not dict:
+            yield Field((*prefix, f.name), kind, f.metadata)
 
 
 def parse_assignment(text: str) -> tuple[list[str], str]:
@@ -26,50 +175,9 @@ def parse_assignment(text: str) -> tuple[list[str], str]:
     return name.strip().split("."), value.strip()
 
 
-def _convert(value: str, kind: Any, name: str) -> Any:
-    """`value` as `kind` (int, float, str, bool, a Literal, or any of these or None)."""
-    origin = typing.get_origin(kind)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(kind)
-        if type(None) in options and value.lower() == "none":
-            return None
-        errors = []
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _convert(value, option, name)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{name}: cannot read {value!r} as {kind}")
-    if origin is typing.Literal:
-        choices = typing.get_args(kind)
-        if value not in choices:
-            raise ConfigError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
-    if kind is bool:
-        if value.lower() in _TRUE + _FALSE:
-            return value.lower() in _TRUE
-        raise ConfigError(f"{name} expects true or false, got {value!r}")
-    if kind is int:
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{name} expects an integer, got {value!r}") from None
-    if kind is float:
-        try:
-            number = float(value)
-        except ValueError:
-            raise ConfigError(f"{name} expects a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise ConfigError(f"{name} expects a finite number, got {value!r}")
-        return number
-    if kind is str:
-        return value
-    raise ConfigError(f"{name} has type {kind}, which cannot be set from the command line")
-
-
 def _set(config: Any, path: list[str], value: str, prefix: str) -> Any:
     hints = typing.get_type_hints(type(config))
-    fields = [f.name for f in dataclasses.fields(config)]
+    fields = {f.name: f for f in dataclasses.fields(config)}
     head, rest = path[0], path[1:]
     name = prefix + head
     if head not in fields:
@@ -83,7 +191,10 @@ def _set(config: Any, path: list[str], value: str, prefix: str) -> Any:
         sub = ", ".join(f"{name}.{f.name}" for f in dataclasses.fields(current))
         raise ConfigError(f"{name} is a nested config: set its fields ({sub})")
     else:
-        new = _convert(value, hints[head], name)
+        try:
+            new = convert(value, hints[head], fields[head].metadata)
+        except BadValue as e:
+            raise ConfigError(f"{name} expects {e.expected}, got {value!r}") from None
     return dataclasses.replace(config, **{head: new})
 
 
@@ -93,3 +204,31 @@ def apply(config: Any, assignments: Sequence[str]) -> Any:
         path, value = parse_assignment(text)
         config = _set(config, path, value, "")
     return config
+
+
+def get(config: Any, path: Sequence[str]) -> Any:
+    for name in path:
+        config = getattr(config, name)
+    return config
+
+
+def replace(config: Any, path: Sequence[str], value: Any) -> Any:
+    """`config` with the field at a dotted path set to `value`."""
+    head, *rest = path
+    return dataclasses.replace(config, **{head: replace(getattr(config, head), rest, value) if rest else value})
+
+
+def check(config: Any) -> None:
+    """Refuse a config whose fields break their own bounds or choices (one built in Python, or by
+    dataclasses.replace): the same test a flag or --set applies to text."""
+    for field in fields_of(type(config)):
+        value = get(config, field.path)
+        if value is None:
+            continue
+        values = value if isinstance(value, tuple) else (value,)
+        kind = typing.get_args(field.kind)[0] if typing.get_origin(field.kind) is tuple else field.kind
+        for v in values:
+            try:
+                convert(str(v) if not isinstance(v, float) else repr(v), kind, field.meta)
+            except BadValue as e:
+                raise ConfigError(f"{field.name} expects {e.expected}, got {v!r}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,11 +14,18 @@ from typing import Any
 
 import jax
 
-from maskjax import store
+from maskjax import overrides, store
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
+from maskjax.runs import get_preset
+from maskjax.study import Group, Plan, Study
 
 Log = Callable[[str], None]
+
+
+def progress(message: str) -> None:
+    """The default log: one line on stderr, flushed, so a long run shows where it is."""
+    print(message, file=sys.stderr, flush=True)
 
 
 class SweepError(ConfigError):
@@ -149,3 +157,104 @@ def run_sweep(
         plot(records)
     remove_tree(out / "checkpoints")
     return records
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """What `run` leaves: the folder, every record, the reference records and the printed table."""
+
+    out: Path
+    records: list[dict]
+    reference: list[dict]
+    table: str
+
+
+def jsonable(value: Any) -> Any:
+    """A scope or config value as config.json holds it (paths as strings, tuples as lists)."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    return value
+
+
+def sweep_record(study: Study, plan: Plan, method_names: Sequence[str]) -> dict:
+    """config.json (less its environment): the study, its recorded scope, methods, seeds, the config and the
+    study's own keys. Two runs continue each other only when these are equal."""
+    scope = {
+        f.name: jsonable(getattr(plan.scope, f.name))
+        for f in dataclasses.fields(plan.scope)
+        if f.metadata.get("record", True)
+    }
+    config = jsonable(dataclasses.asdict(plan.config))
+    return {
+        "study": study.name,
+        **scope,
+        "methods": list(method_names),
+        "seeds": list(plan.seeds),
+        **config,
+        **study.describe(plan),
+    }
+
+
+def run(
+    study: Study,
+    config: Any,
+    out: Path | str,
+    *,
+    scope: Any = None,
+    methods: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    control: RunControl = RunControl(),
+    log: Log = progress,
+) -> Result:
+    """Run a study's sweep into `out`: the path every CLI takes, callable from a notebook.
+
+    config: a config or a preset's name; scope, methods, seeds: the study's defaults when None. Everything
+    that can be refused is refused before data is read or a run trained."""
+    if isinstance(config, str):
+        config = get_preset(study.presets, config)
+    scope = study.scope_type() if scope is None else scope
+    overrides.check(config)
+    overrides.check(scope)
+    names = list(study.default_methods if methods is None else methods)
+    seeds = tuple(range(study.default_seeds) if seeds is None else seeds)
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"expected at least one seed, none negative or repeated, got {list(seeds)}")
+    study.check(config, scope)
+    resolved = tuple(study.resolve_methods(names, config, scope))
+    out = store.ensure_writable_dir(Path(out))
+    plan = Plan(config, scope, resolved, seeds, study.make_data(config, scope, log), out)
+    reference = study.reference(plan)
+
+    def maps(name: str) -> dict | None:
+        path = out / "maps" / f"{name}.npz"
+        return store.read_maps(path) if path.exists() else None
+
+    def write(out: Path, records: list[dict]) -> str:
+        store.write_jsonl(out / "results.jsonl", records)
+        body, table = study.summary(plan, records, reference)
+        store.write_atomic(out / "summary.md", f"# {study.title}\n\n{body}")
+        return table
+
+    def spec(group: Group) -> BatchSpec:
+        def train(checkpoints: SweepCheckpoints, resume: bool) -> list[dict]:
+            records, arrays = study.train(plan, group, log, checkpoints, resume)
+            if arrays:
+                store.write_maps(out / "maps" / f"{group.name}.npz", arrays)
+            return records
+
+        return BatchSpec(group.name, group.fields, len(seeds), train)
+
+    records = run_sweep(
+        out,
+        sweep_record(study, plan, names),
+        [spec(g) for g in study.groups(plan)],
+        write,
+        control,
+        log,
+        lambda records: study.plot(plan, records, reference, maps),
+    )
+    return Result(out, records, reference, write(out, records))

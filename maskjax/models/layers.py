@@ -17,16 +17,21 @@ from maskjax.attention import (
     torch_bias_init,
     torch_linear_init,
 )
+from maskjax.overrides import option
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    dim: int = 256
-    depth: int = 12
-    heads: int = 6
-    head_dim: int = 64
-    mlp_dim: int = 256
-    dtype: str = "float32"  # of the matmuls; parameters, LayerNorm, softmax and the optimizer stay float32
+    dim: int = option(256, help="model width")
+    depth: int = option(12, help="number of blocks")
+    heads: int = option(6, help="attention heads")
+    head_dim: int = option(64, help="width of each head")
+    mlp_dim: int = option(256, help="MLP hidden width")
+    dtype: str = option(
+        "float32",
+        choices=("float32", "bfloat16"),
+        help="matmul dtype (bfloat16 for accelerators; parameters, LayerNorm, softmax and optimizer stay float32)",
+    )
 
 
 def torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") -> nn.Dense:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, priors, probes, runs
+from maskjax import discover, overrides, plots, priors, probes, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
 from maskjax.models.gotu import GotuTransformer
 from maskjax.models.layers import ModelConfig
+from maskjax.overrides import option
+from maskjax.study import Group, Plan, Study
 from maskjax.tasks.boolean import (
+    TASKS,
     BooleanTask,
     cube,
     degree_profile,
@@ -31,6 +36,7 @@ from maskjax.tasks.boolean import (
     seen_share,
 )
 from maskjax.train import (
+    OPTIMIZERS,
     TrainConfig,
     compile_program,
     init_runs,
@@ -47,17 +53,24 @@ class BooleanConfig:
     preset: str
     model: ModelConfig
     schedules: dict[str, tuple[float, int]]
-    batch_size: int = 256
-    weight_decay: float = 1e-3
-    open_value: float = 10.0
-    closed_value: float = -10.0
-    row_policy: str = "diagonal"
-    chunk_steps: int = 200
-    eval_batch: int = 4096
-    steps: int | None = None
-    qk_opt_steps: int = 10_000
-    optimizer: str = "adam"
-    mask_weight_decay: float | None = None
+    batch_size: int = option(256, help="examples per step")
+    weight_decay: float = option(1e-3, minimum=0, help="weight decay of every parameter")
+    open_value: float = option(10.0, flag="open", help="mask logit of open entries")
+    closed_value: float = option(-10.0, flag="closed", help="mask logit of closed entries")
+    row_policy: str = option("diagonal", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
+    chunk_steps: int = option(200, help="steps per compiled chunk (probes and checkpoints fall between chunks)")
+    eval_batch: int = option(4096, help="cube points scored at once")
+    steps: int | None = option(None, help="training steps, overriding every task's epochs")
+    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+    optimizer: str = option(
+        "adam",
+        choices=OPTIMIZERS,
+        help="adam: Adam with L2 decay added to the gradient, the paper's; adamw: decoupled decay; "
+        "sgd: momentum 0.9 with L2 decay (give it its own --learning-rate)",
+    )
+    mask_weight_decay: float | None = option(
+        None, minimum=0, help="weight decay of the mask logits (default: every parameter's); 0 exempts them"
+    )
 
     def train_config(self, task: BooleanTask) -> TrainConfig:
         learning_rate, epochs = self.schedules[task.name]
@@ -485,3 +498,122 @@ def resolve(
             except ConfigError as e:
                 raise ConfigError(f"{method.name} on {task.name}: {e}") from None
     return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class BooleanScope:
+    tasks: tuple[str, ...] = option(("2parity",), help=f"comma list of {','.join(TASKS)}")
+
+
+KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
+SEED_KEYS = ("acc_all", "unseen_mean_prediction")
+GRADIENT_KEYS = ("grad_norm_mask", "grad_norm_qk")
+CHANGE_KEYS = ("mask_change_open_mean", "mask_change_closed_mean", "mask_change_closed_max")
+
+
+def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple[str, ...] = ("task", "method")) -> str:
+    """Mean +- std per group (beside the MDI's own scores), the seeds above the MDI per group with
+    Fisher's exact test against vanilla, and per-seed tables: the body of every Boolean summary.md."""
+    parts = [
+        tables.summary_table(reference + records, KEYS, group_by),
+        "Seeds that reach / exceed the task's MDI in acc_all:\n\n" + tables.count_table(records, reference, group_by),
+        *[tables.per_seed_table(records, key, group_by) for key in SEED_KEYS],
+    ]
+    return "\n".join(parts)
+
+
+def plot_probes(out: Path, task_name: str, task_records: list[dict]) -> None:
+    """loss_TASK.png, drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
+    plots.plot_loss(task_records, out / f"loss_{task_name}.png")
+    plots.plot_drift(task_records, out / f"drift_{task_name}.png")
+    plots.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
+    if any("mask_change_open_mean" in r for r in task_records):
+        plots.plot_drift(task_records, out / f"mask_change_{task_name}.png", CHANGE_KEYS, log=True)
+
+
+def plot_task(out: Path, task: BooleanTask, config: BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:
+    """The prior, then per method (seed 0) the layer-0 attention at init and after training (cf. the paper's Fig. 5)."""
+    labels = ["CLS", *[f"x{i}" for i in range(task.n_bits)]]
+    panels = {
+        f"prior: open entries ({config.row_policy})": oracle_pattern(task, config).astype(float),
+        "target: softmax(log_sigmoid(M))": oracle_target(task, config),
+    }
+    for name, attention in maps.items():
+        panels[f"{name} layer 0, init"] = attention["init"][0]
+        panels[f"{name} layer 0, trained"] = attention["final"][0]
+    plots.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
+
+
+def check_config(config: BooleanConfig) -> None:
+    if config.row_policy not in priors.ROW_POLICIES:
+        raise ConfigError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
+
+
+class BooleanStudy(Study):
+    """Every (task, method) pair is one group over its seeds; the MDI's scores stand beside the runs."""
+
+    name = "boolean"
+    title = "Boolean GOTU study"
+    description = "Boolean generalisation-on-the-unseen study: python -m experiments.boolean --seeds=8"
+    config_type = BooleanConfig
+    scope_type = BooleanScope
+    presets = PRESETS
+    default_seeds = 8
+    default_methods = ("vanilla", "mask", "mask_fixed", "mask_zero")
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        rate = overrides.flag_type(float, {"above": 0}, "learning_rate")
+        parser.add_argument("--learning-rate", type=rate, help="one learning rate for every task")
+
+    def apply_flags(self, config: BooleanConfig, args: argparse.Namespace) -> BooleanConfig:
+        if getattr(args, "learning_rate", None) is None:
+            return config
+        schedules = {task: (args.learning_rate, epochs) for task, (_, epochs) in config.schedules.items()}
+        return dataclasses.replace(config, schedules=schedules)
+
+    def check(self, config: BooleanConfig, scope: BooleanScope) -> None:
+        check_config(config)
+
+    def resolve_methods(self, names: Sequence[str], config: BooleanConfig, scope: BooleanScope) -> list[Method]:
+        return resolve(scope.tasks, names, config)[1]
+
+    def make_data(self, config: BooleanConfig, scope: BooleanScope, log: Callable[[str], None]) -> list[BooleanTask]:
+        return [get_task(t) for t in scope.tasks]
+
+    def groups(self, plan: Plan) -> list[Group]:
+        return [
+            Group({"task": task.name, "method": method.name}, (task, method))
+            for task in plan.data
+            for method in plan.methods
+        ]
+
+    def describe(self, plan: Plan) -> dict:
+        return {
+            "steps": {t.name: plan.config.train_config(t).steps for t in plan.data},
+            "train": {t.name: dataclasses.asdict(plan.config.train_config(t)) for t in plan.data},
+        }
+
+    def reference(self, plan: Plan) -> list[dict]:
+        return [mdi_record(t) for t in plan.data]
+
+    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
+        task, method = group.items
+        return run_batch(task, method, plan.seeds, plan.config, log, checkpoints, resume)
+
+    def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
+        return summary_markdown(records, reference), tables.summary_table(reference + records, KEYS, ("task", "method"))
+
+    def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
+        for task in plan.data:
+            task_records = [r for r in records if r.get("task") == task.name]
+            if not task_records:
+                continue
+            trained = dict.fromkeys(r["method"] for r in task_records)
+            arrays = {m: a for m in trained if (a := maps(f"{task.name}_{m}")) is not None}
+            plot_task(plan.out, task, plan.config, arrays)
+            plot_probes(plan.out, task.name, task_records)
+        done = {r["task"] for r in records}
+        plots.plot_accuracy([r for r in reference if r["task"] in done] + records, plan.out / "accuracy.png")
+
+
+STUDY = BooleanStudy()
