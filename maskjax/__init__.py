@@ -9,16 +9,32 @@ from maskjax.attention import (
     mask_bias,
     masked_attention,
 )
-from maskjax.bias import MaskBias, NNXMaskBias, decay_mask, with_mask_bias, with_mask_params
+from maskjax.bias import (
+    MaskBias,
+    NNXMaskBias,
+    add_attention_bias,
+    attention_bias,
+    bias_layout,
+    decay_mask,
+    fixed_masks,
+    freeze_fixed_masks,
+    with_mask_bias,
+    with_mask_params,
+)
 
 __all__ = [
     "MaskBias",
     "MaskedSelfAttention",
     "NNXMaskBias",
     "NNXMaskedSelfAttention",
+    "add_attention_bias",
+    "attention_bias",
     "attention_weights",
+    "bias_layout",
     "check_mask_logits",
     "decay_mask",
+    "fixed_masks",
+    "freeze_fixed_masks",
     "fused_attention",
     "mask_bias",
     "masked_attention",

@@ -79,6 +79,45 @@ def toeplitz_logits(relative_HD: jax.Array, q_len: int, kv_len: int) -> jax.Arra
     return relative_HD[..., jnp.clip(offsets, 0, None)]
 
 
+def relative_logits(
+    relative_HR: jax.Array, q_len: int, kv_len: int, query_positions: jax.Array | None = None, *, causal: bool = True
+) -> tuple[jax.Array, jax.Array | None]:
+    """M[h, i, j] from one logit per head and relative distance, for any q_len, kv_len up to the mask's length.
+
+    Why: a relative mask serves every sequence length and a decode step, where a full [heads, N, N] mask
+    serves length N only. causal: relative_HR is [heads, length], distances i - j = 0..length - 1 to the
+    past; the second value is the [q_len, kv_len] Boolean of visible (past or present) keys, since the mask
+    holds no logit for a future key. Not causal: relative_HR is [heads, 2 * length - 1], offsets
+    -(length - 1)..length - 1 (index offset + length - 1), each future offset its own logit; the second value
+    is None. Keys sit at positions 0..kv_len - 1; queries at `query_positions` ([q_len], e.g. a decode
+    step's cache index), or by default at the last q_len positions (the whole sequence when q_len == kv_len).
+    Positions a traced value puts past the mask's length take its last logit (nothing can raise under jit)."""
+    size = relative_HR.shape[-1]
+    if not causal and size % 2 == 0:
+        raise ConfigError(
+            f"a non-causal relative mask holds 2 * length - 1 offsets (an odd number), got {size}: "
+            f"relative mask of shape {tuple(relative_HR.shape)}"
+        )
+    length = size if causal else (size + 1) // 2
+    if kv_len > length:
+        raise ConfigError(
+            f"a relative mask (mask_structure='toeplitz') of length {length} (shape {tuple(relative_HR.shape)}) "
+            f"cannot cover {kv_len} keys; build it with length >= the longest sequence or cache"
+        )
+    if query_positions is None:
+        if q_len > kv_len:
+            raise ConfigError(f"{q_len} queries against {kv_len} keys need query_positions")
+        positions = jnp.arange(q_len) + (kv_len - q_len)
+    else:
+        positions = jnp.asarray(query_positions)
+        if positions.shape != (q_len,):
+            raise ConfigError(f"query_positions of shape {positions.shape} for {q_len} queries; expected ({q_len},)")
+    offsets = positions[:, None] - jnp.arange(kv_len)[None, :]
+    if causal:
+        return relative_HR[..., jnp.clip(offsets, 0, length - 1)], offsets >= 0
+    return relative_HR[..., jnp.clip(offsets + length - 1, 0, size - 1)], None
+
+
 def alibi_bias(heads: int, length: int) -> np.ndarray:
     """ALiBi's fixed bias -slope_h * (i - j) [heads, length, length] (Press et al. 2022): slopes
     2^(-8 (h + 1) / heads), the geometric sequence of the paper; future keys get 0 (a causal mask hides them)."""
