@@ -11,3 +11,6 @@ def test_every_snippet_of_the_embedding_page_runs_top_to_bottom():
     for snippet in snippets:
         exec(compile(snippet, "docs/embedding.md", "exec"), namespace)
     assert namespace["loss"].shape == () and namespace["grads"] is not None
+    # issue 31: the layout, relative-mask, jit-decoding, params-only and nn.scan snippets are on the page
+    for name in ("biased_BTNS", "half", "decode_step", "nnx_step", "moved", "y_scanned"):
+        assert name in namespace, name
