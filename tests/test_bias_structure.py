@@ -345,3 +345,26 @@ def test_an_nn_scan_host_carries_the_fixed_mask_per_layer(mask_collection):
     grads = jax.grad(lambda p: jnp.sum(stack.apply({**variables, "params": p}, x, None)[0] ** 2))(variables["params"])
     if mask_collection == "params":
         np.testing.assert_array_equal(grads["MaskBias_0"]["fixed_mask_logits"], 0.0)
+
+
+class BidirectionalEncoder(nn.Module):
+    """A non-causal host (no mask): the relative mask keeps a logit per future offset."""
+
+    @nn.compact
+    def __call__(self, x):
+        attention_fn = MaskBias(HEADS, LENGTH, mask_init=BIDIRECTIONAL, mask_structure="toeplitz", causal=False)()
+        return nn.MultiHeadDotProductAttention(num_heads=HEADS, attention_fn=attention_fn)(x)
+
+
+def test_a_non_causal_host_with_a_relative_mask_matches_the_reference_at_two_lengths():
+    x = jax.random.normal(jax.random.key(5), (2, LENGTH, FEATURES))
+    variables = BidirectionalEncoder().init(jax.random.key(6), x)
+    chex.assert_shape(variables["params"]["MaskBias_0"]["mask_logits"], (HEADS, 2 * LENGTH - 1))
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"]["MultiHeadDotProductAttention_0"])
+    for length in (LENGTH, 3):
+        x64 = np.asarray(x[:, :length], np.float64)
+        q, k, v = (np.einsum("bld,dhe->blhe", x64, p[n]["kernel"]) + p[n]["bias"] for n in ("query", "key", "value"))
+        out = reference_attention(q, k, v, reference_bias(BIDIRECTIONAL, range(length), length, causal=False))
+        expected = np.einsum("blhe,hed->bld", out, p["out"]["kernel"]) + p["out"]["bias"]
+        got = BidirectionalEncoder().apply(variables, x[:, :length])
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=2e-5)
