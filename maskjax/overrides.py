@@ -89,6 +89,9 @@ def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool) -> None
         or (hi is not None and not value <= hi)
     )
     if bad:
+        if not integer and above is not None and lo is None and (below is None) != (hi is None):
+            end = f"{below:g})" if hi is None else f"{hi:g}]"
+            raise BadValue(f"a number in ({above:g}, {end}", value)
         if integer:
             what = "a positive integer" if words == [">= 1"] else f"an integer {' and '.join(words)}"
         else:

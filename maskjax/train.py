@@ -20,6 +20,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from maskjax.errors import ConfigError
+from maskjax.overrides import option
 
 PyTree = Any
 
@@ -45,6 +46,23 @@ class TrainConfig:
 
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def optimizer_option(default: str) -> Any:
+    """A study config's optimizer field (the same flag and help in every study)."""
+    return option(
+        default,
+        choices=OPTIMIZERS,
+        help="adam: Adam with L2 decay added to the gradient (the paper's Boolean runs); adamw: decoupled decay; "
+        "sgd: momentum 0.9 with L2 decay (give it its own learning rate)",
+    )
+
+
+def mask_decay_option() -> Any:
+    """A study config's mask_weight_decay field."""
+    return option(
+        None, minimum=0, help="weight decay of the mask logits (default: every parameter's); 0 exempts them"
+    )
 SGD_MOMENTUM = 0.9
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -17,14 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors, runs
+from maskjax import plots, priors, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
+from maskjax.overrides import option
+from maskjax.study import Group, Plan, Study
 from maskjax.tasks import arithmetic as ar
-from maskjax.train import TrainConfig, to_host, train, variables_of
+from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,23 +36,32 @@ class ArithmeticConfig:
 
     preset: str
     model: ModelConfig
-    learning_rate: float = 1e-3
-    weight_decay: float = 1e-3
-    batch_size: int = 256
-    epochs: int = 50
-    steps: int | None = None
-    open_value: float = 5.0
-    closed_value: float = -5.0
-    answer_format: str = "reversed"
-    eval_size: int = 10_000
-    chunk_steps: int = 200
-    qk_opt_steps: int = 10_000
+    learning_rate: float = option(1e-3, above=0, help="peak learning rate (cosine decay)")
+    weight_decay: float = option(1e-3, minimum=0, help="weight decay")
+    batch_size: int = option(256, help="pairs per step (at most the training subset)")
+    epochs: int = option(50, help="epochs over each training subset")
+    steps: int | None = option(None, help="training steps, overriding the epochs")
+    open_value: float = option(5.0, flag="open", help="mask logit of open entries")
+    closed_value: float = option(-5.0, flag="closed", help="mask logit of closed entries")
+    answer_format: str = option("reversed", choices=ar.FORMATS, help="answer digit order (reversed: units first)")
+    eval_size: int = option(10_000, help="held-out pairs scored per seed")
+    chunk_steps: int = option(200, help="steps per compiled chunk")
+    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+    optimizer: str = optimizer_option("adamw")
+    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
         steps = self.steps if self.steps is not None else self.epochs * (n_train // batch)
         return TrainConfig(
-            steps, batch, self.learning_rate, self.weight_decay, self.chunk_steps, optimizer="adamw", schedule="cosine"
+            steps,
+            batch,
+            self.learning_rate,
+            self.weight_decay,
+            self.chunk_steps,
+            optimizer=self.optimizer,
+            schedule="cosine",
+            mask_weight_decay=self.mask_weight_decay,
         )
 
 
@@ -249,3 +261,75 @@ def ladder_rule(records: Sequence[dict], fit: float = LADDER_FIT) -> dict:
     (`train_seq_acc` at least `fit`); passes when at least three quarters do."""
     fitted = [r.get("train_seq_acc") is not None and r["train_seq_acc"] >= fit for r in records]
     return runs.seed_verdict(fitted)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticScope:
+    ops: tuple[str, ...] = option(("add", "mul"), help=f"comma list of {','.join(ar.OPS)}")
+    train_fractions: tuple[float, ...] = option(
+        (0.004, 0.01, 0.03), above=0, below=1, help="training fractions in (0, 1), a comma list"
+    )
+
+
+KEYS = ("seq_acc", "token_acc", "train_seq_acc", "train_loss")
+GROUPS = ("op", "train_fraction", "method")
+
+
+def plot_mask(path: Path, task: ar.ArithmeticTask, config: ArithmeticConfig) -> None:
+    """The op's mask prior M: queries down, keys across, answer digits named by place (c0 = units); a row is
+    the query that predicts the token after it."""
+    places = range(ar.OPERAND_DIGITS - 1, -1, -1)
+    prompt = [f"a{p}" for p in places] + [task.op] + [f"b{p}" for p in places] + ["="]
+    plots.plot_matrices(
+        {f"{task.op}, {task.answer_format} answer: M": mask_logits(task, get_method("mask"), config)},
+        path,
+        [*prompt, *[f"c{p}" for p in task.answer_places()]],
+        columns=1,
+    )
+
+
+class ArithmeticStudy(Study):
+    """Every (op, training fraction, method) is one group over its seeds."""
+
+    name = "arithmetic"
+    title = "Low-data arithmetic study"
+    description = "Low-data arithmetic study: python -m experiments.arithmetic --seeds=8 --ops=add,mul"
+    config_type = ArithmeticConfig
+    scope_type = ArithmeticScope
+    presets = PRESETS
+    default_seeds = 8
+    default_methods = ("vanilla", "mask")
+    figures = "seq_acc.png, mask_*.png"
+
+    def resolve_methods(self, names: Sequence[str], config: ArithmeticConfig, scope: ArithmeticScope) -> list[Method]:
+        return resolve(scope.ops, names, config.answer_format)[1]
+
+    def make_data(self, config: ArithmeticConfig, scope: ArithmeticScope, log) -> list[ar.ArithmeticTask]:
+        return resolve(scope.ops, [], config.answer_format)[0]
+
+    def groups(self, plan: Plan) -> list[Group]:
+        return [
+            Group({"op": task.op, "train_fraction": fraction, "method": method.name}, (task, fraction, method))
+            for task in plan.data
+            for fraction in plan.scope.train_fractions
+            for method in plan.methods
+        ]
+
+    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
+        task, fraction, method = group.items
+        return run_batch(task, method, fraction, plan.seeds, plan.config, log, checkpoints, resume), {}
+
+    def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
+        table = tables.summary_table(records, KEYS, GROUPS)
+        return f"{table}\n{tables.per_seed_table(records, 'seq_acc', GROUPS)}", table
+
+    def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
+        for task in plan.data:
+            if any(r["op"] == task.op for r in records):
+                plot_mask(plan.out / f"mask_{task.op}.png", task, plan.config)
+        plots.plot_curves(
+            records, plan.out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method"
+        )
+
+
+STUDY = ArithmeticStudy()

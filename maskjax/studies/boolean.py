@@ -36,10 +36,11 @@ from maskjax.tasks.boolean import (
     seen_share,
 )
 from maskjax.train import (
-    OPTIMIZERS,
     TrainConfig,
     compile_program,
     init_runs,
+    mask_decay_option,
+    optimizer_option,
     to_host,
     train_batch,
     variables_of,
@@ -62,15 +63,8 @@ class BooleanConfig:
     eval_batch: int = option(4096, help="cube points scored at once")
     steps: int | None = option(None, help="training steps, overriding every task's epochs")
     qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
-    optimizer: str = option(
-        "adam",
-        choices=OPTIMIZERS,
-        help="adam: Adam with L2 decay added to the gradient, the paper's; adamw: decoupled decay; "
-        "sgd: momentum 0.9 with L2 decay (give it its own --learning-rate)",
-    )
-    mask_weight_decay: float | None = option(
-        None, minimum=0, help="weight decay of the mask logits (default: every parameter's); 0 exempts them"
-    )
+    optimizer: str = optimizer_option("adam")
+    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self, task: BooleanTask) -> TrainConfig:
         learning_rate, epochs = self.schedules[task.name]

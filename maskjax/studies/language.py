@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -20,14 +21,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import probes, runs
+from maskjax import plots, probes, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
+from maskjax.data import text, tokenizer
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, check_in_study, get_method, methods_for
+from maskjax.methods import Method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
+from maskjax.overrides import option
+from maskjax.study import Group, Plan, Study
 from maskjax.tasks import language as lt
-from maskjax.train import TrainConfig, to_host, train_batch, variables_of
+from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_batch, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,23 +42,25 @@ class LanguageConfig:
 
     preset: str
     model: ModelConfig
-    context: int
-    steps: int
-    vocab_size: int = 4096
-    tokenizer: str = "bpe"
-    batch_size: int = 32
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.1
-    warmup_fraction: float = 0.05
-    clip_norm: float | None = 1.0
-    scale: float = 10.0
-    mask_init: str = "window"
-    share_mask: bool = False
-    max_positions: int | None = None
-    chunk_steps: int = 100
-    val_windows: int = 32
-    drift_windows: int = 4
-    eval_batch: int = 32
+    context: int = option(help="tokens of history per prediction")
+    steps: int = option(help="training steps")
+    vocab_size: int = option(4096, help="BPE vocabulary size")
+    tokenizer: str = option("bpe", help="bpe (trained on the training split, cached) or gpt2:DIR (local GPT-2 files)")
+    batch_size: int = option(32, help="windows per step")
+    learning_rate: float = option(1e-3, above=0, help="AdamW peak learning rate")
+    weight_decay: float = option(0.1, minimum=0, help="AdamW weight decay")
+    warmup_fraction: float = option(0.05, minimum=0, below=1, help="share of the steps in linear warmup")
+    clip_norm: float | None = option(1.0, above=0, help="clip the gradient's global norm (none: no clipping)")
+    scale: float = option(10.0, above=0, help="s in log_sigmoid(s * M)")
+    mask_init: str = option("window", choices=lt.MASK_INITS, help="initial m per head and distance")
+    share_mask: bool = option(False, help="one bias for all layers (default: one per layer)")
+    max_positions: int | None = option(None, help="learned position table size (default: the context)")
+    chunk_steps: int = option(100, help="steps per compiled chunk")
+    val_windows: int = option(32, help="validation windows of the per-chunk probe")
+    drift_windows: int = option(4, help="windows of the attention-drift probe")
+    eval_batch: int = option(32, help="test windows scored at once")
+    optimizer: str = optimizer_option("adamw")
+    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
@@ -63,8 +69,9 @@ class LanguageConfig:
             self.learning_rate,
             self.weight_decay,
             self.chunk_steps,
-            optimizer="adamw",
+            optimizer=self.optimizer,
             schedule="cosine",
+            mask_weight_decay=self.mask_weight_decay,
             warmup_steps=int(self.warmup_fraction * self.steps),
             clip_norm=self.clip_norm,
         )
@@ -114,7 +121,6 @@ PRESETS: dict[str, LanguageConfig] = {
     ),
 }
 
-METHODS = methods_for("language")
 
 
 class LanguageData(NamedTuple):
@@ -136,18 +142,8 @@ def get_preset(name: str) -> LanguageConfig:
     return runs.get_preset(PRESETS, name)
 
 
-def resolve(methods: Sequence[str]) -> list[Method]:
-    """Methods by name, each checked against the language study before any text is read."""
-    resolved = [get_method(m) for m in methods]
-    for method in resolved:
-        check_in_study(method, "language")
-    return resolved
-
-
 def check_config(config: LanguageConfig) -> None:
     """Refuse a config that cannot be built, before any text is read."""
-    if not config.scale > 0:
-        raise ConfigError(f"--scale must be > 0, got {config.scale}")
     if config.max_positions is not None and config.context > config.max_positions:
         raise ConfigError(f"context {config.context} is longer than the position table ({config.max_positions})")
     lt.relative_mask_logits(1, 1, config.mask_init)
@@ -360,3 +356,92 @@ def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
     same tokens, in every seed."""
     below = [r["test_bpb"] is not None and r["test_bpb"] < bigram_bpb for r in records]
     return runs.seed_verdict(below, share=1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageScope:
+    corpus: str = option("brown", choices=text.CORPORA, help="the corpus")
+    data_dir: Path | None = option(None, help="the corpus's files: a folder, or a .txt file for --corpus=text")
+    cache: Path | None = option(None, record=False, help="tokenizer cache folder (default ~/.cache/maskjax/tokenizers)")
+
+
+KEYS = ("test_ppl", "test_bpb", "train_loss")
+GROUPS = ("corpus", "method")
+CURVE_KEYS = ("val_loss",)
+PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
+BIAS_FLOOR = -15.0  # below this an entry is closed for any q.k logit of a small model; the plot clips there
+
+
+def plot_bias(maps: dict[str, np.ndarray], scale: float, method: str, path: Path) -> None:
+    """The paper's Figure 8: per layer, the bias log_sigmoid(s * m) against distance for every head, at init
+    (dashed) and after training (solid), seed 0; the y axis stops at BIAS_FLOOR so the open reach shows."""
+    init, final = (np.asarray(maps[k], np.float64) for k in ("mask_init", "mask_final"))
+    columns = min(len(final), plots.PANELS_PER_ROW)
+    fig, axes = plots.figure(-(-len(final) // columns), columns, 3.6, 3.0)
+    for ax in axes.flat[len(final) :]:
+        ax.axis("off")
+    distance = np.arange(final.shape[-1])
+    for layer, ax in zip(range(len(final)), axes.flat, strict=False):
+        for head in range(final.shape[1]):
+            (line,) = ax.plot(distance, -np.logaddexp(0.0, -scale * final[layer, head]), label=f"head {head}")
+            ax.plot(distance, -np.logaddexp(0.0, -scale * init[layer, head]), "--", color=line.get_color(), alpha=0.6)
+        ax.set_ylim(BIAS_FLOOR, 0.5)
+        ax.set_title(f"{method}: layer {layer}" if len(final) > 1 else f"{method}: all layers", fontsize=9)
+        ax.set_xlabel("distance i - j")
+        ax.set_ylabel("log_sigmoid(s m)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    plots.save_figure(fig, path)
+
+
+class LanguageStudy(Study):
+    """Every method is one group over its seeds, on one tokenized corpus."""
+
+    name = "language"
+    title = "Language study"
+    description = "Language study: python -m experiments.language --corpus=brown --seeds=4 --methods=vanilla,mask,alibi"
+    config_type = LanguageConfig
+    scope_type = LanguageScope
+    presets = PRESETS
+    default_seeds = 4
+    default_methods = ("vanilla", "mask", "alibi")
+
+    def check(self, config: LanguageConfig, scope: LanguageScope) -> None:
+        check_config(config)
+
+    def make_data(self, config: LanguageConfig, scope: LanguageScope, log) -> LanguageData:
+        log(f"reading {scope.corpus}")
+        corpus = text.load_corpus(scope.corpus, scope.data_dir)
+        sizes = ", ".join(f"{k} {n} docs" for k, (n, _) in corpus.sizes().items())
+        log(f"tokenizing ({config.tokenizer}); {sizes}")
+        tok = tokenizer.get_tokenizer(config.tokenizer, corpus.train, config.vocab_size, scope.cache)
+        data = prepare(corpus, tok, config.context)
+        log(f"{len(data.train)} training windows of {config.context}, {int(data.test_weights.sum())} test tokens")
+        return data
+
+    def groups(self, plan: Plan) -> list[Group]:
+        return [Group({"corpus": plan.data.corpus, "method": m.name}, (m,)) for m in plan.methods]
+
+    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
+        (method,) = group.items
+        return run_batch(plan.data, method, plan.seeds, plan.config, log, checkpoints, resume)
+
+    def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
+        table = tables.summary_table(records, KEYS, GROUPS)
+        parts = [
+            table,
+            tables.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True),
+            tables.per_seed_table(records, "test_ppl", GROUPS),
+            tables.per_seed_table(records, "test_bpb", GROUPS),
+        ]
+        return "\n".join(parts), table
+
+    def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
+        plots.plot_step_curves(records, plan.out / "curves.png", CURVE_KEYS)
+        plots.plot_drift(records, plan.out / "persistence.png", PERSISTENCE_KEYS)
+        for method in dict.fromkeys(r["method"] for r in records):
+            if (arrays := maps(f"{plan.data.corpus}_{method}")) is not None:
+                plot_bias(arrays, plan.config.scale, method, plan.out / f"bias_{method}.png")
+
+
+STUDY = LanguageStudy()

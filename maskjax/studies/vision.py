@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -19,15 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors, probes, runs
+from maskjax import plots, priors, probes, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
+from maskjax.data import images
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, check_in_study, get_method, methods_for
+from maskjax.methods import Method
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
+from maskjax.overrides import option
+from maskjax.study import Group, Plan, Study
 from maskjax.tasks import vision as vt
-from maskjax.train import TrainConfig, to_host, train_batch, variables_of
+from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_batch, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,25 +42,27 @@ class VisionConfig:
 
     preset: str
     model: ModelConfig
-    patch_size: int
-    epochs: int
-    batch_size: int = 512
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.01
-    min_steps: int = 0
-    warmup_fraction: float = 0.05
-    clip_norm: float | None = 1.0
-    open_value: float = 10.0
-    closed_value: float = -10.0
-    radius: int = 1
-    pool: str = "gap"
-    crop_pad: int = 4
-    steps: int | None = None
-    chunk_steps: int = 200
-    eval_batch: int = 1000
-    probe_images: int = 512
-    drift_images: int = 16
-    qk_opt_steps: int = 10_000
+    patch_size: int = option(help="patch size (must divide the image size)")
+    epochs: int = option(help="epochs over each training set")
+    batch_size: int = option(512, help="images per step (at most the training set)")
+    learning_rate: float = option(1e-3, above=0, help="peak learning rate (warmup, then cosine decay)")
+    weight_decay: float = option(0.01, minimum=0, help="weight decay")
+    min_steps: int = option(0, minimum=0, help="at least this many steps, whatever the epochs give")
+    warmup_fraction: float = option(0.05, minimum=0, below=1, help="share of the steps in linear warmup")
+    clip_norm: float | None = option(1.0, above=0, help="clip the gradient's global norm (none: no clipping)")
+    open_value: float = option(10.0, flag="open", help="mask logit of open entries")
+    closed_value: float = option(-10.0, flag="closed", help="mask logit of closed entries")
+    radius: int = option(1, minimum=0, help="Chebyshev radius of the locality mask")
+    pool: str = option("gap", choices=("gap", "cls"), help="global average pooling or a CLS token")
+    crop_pad: int = option(4, minimum=0, help="pixels of padding the random crop moves within")
+    steps: int | None = option(None, help="training steps, overriding the epochs")
+    chunk_steps: int = option(200, help="steps per compiled chunk")
+    eval_batch: int = option(1000, help="test images scored at once (must divide the test split)")
+    probe_images: int = option(512, help="test images of the per-chunk accuracy probe")
+    drift_images: int = option(16, help="test images of the attention-drift probe")
+    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+    optimizer: str = optimizer_option("adamw")
+    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
@@ -68,8 +74,9 @@ class VisionConfig:
             self.learning_rate,
             self.weight_decay,
             self.chunk_steps,
-            optimizer="adamw",
+            optimizer=self.optimizer,
             schedule="cosine",
+            mask_weight_decay=self.mask_weight_decay,
             warmup_steps=warmup,
             clip_norm=self.clip_norm,
         )
@@ -110,7 +117,6 @@ PRESETS: dict[str, VisionConfig] = {
     ),
 }
 
-METHODS = methods_for("vision")
 
 
 def get_preset(name: str) -> VisionConfig:
@@ -155,14 +161,6 @@ def qk_target(task: vt.VisionTask, method: Method, config: VisionConfig) -> tupl
     return np.broadcast_to(pattern, (heads, *pattern.shape)), np.broadcast_to(
         priors.row_distribution(logits), (heads, *pattern.shape)
     )
-
-
-def resolve(methods: Sequence[str]) -> list[Method]:
-    """Methods by name, each checked against the vision study before any data is read."""
-    resolved = [get_method(m) for m in methods]
-    for method in resolved:
-        check_in_study(method, "vision")
-    return resolved
 
 
 class Batch(NamedTuple):
@@ -372,3 +370,109 @@ def ladder_rule(records: Sequence[dict], linear: Sequence[dict], margin: float =
             raise ConfigError(f"no softmax-regression record for training fraction {key[0]:g}, seed {key[1]}")
         beat.append(r["test_acc"] is not None and r["test_acc"] >= reference[key] + margin)
     return runs.seed_verdict(beat)
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionScope:
+    dataset: str = option("fashion_mnist", choices=images.DATASETS, help="the image dataset")
+    data_dir: Path | None = option(None, help="folder holding the dataset's files (see README)")
+    image_size: int | None = option(None, help="resolution ImageNet-100 is read at (default 64)")
+    train_fractions: tuple[float, ...] = option(
+        (1.0,), flag="train-fraction", above=0, maximum=1, help="class-balanced training fractions in (0, 1], a list"
+    )
+
+
+KEYS = ("test_acc", "test_loss", "train_loss", "pattern_error_init")
+GROUPS = ("dataset", "train_fraction", "method")
+CURVE_KEYS = ("test_acc_probe", "test_loss_probe")
+PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
+
+
+@dataclasses.dataclass(frozen=True)
+class VisionData:
+    images: ImageData
+    task: vt.VisionTask
+
+
+def centre_query(task: vt.VisionTask, matrix_NN: np.ndarray) -> np.ndarray:
+    """The row of the patch nearest the grid's centre, reshaped on the grid [grid, grid]."""
+    offset = int(task.cls)
+    centre = (task.grid // 2) * task.grid + task.grid // 2 + offset
+    return np.asarray(matrix_NN)[centre, offset:].reshape(task.grid, task.grid)
+
+
+def plot_attention(task: vt.VisionTask, image: np.ndarray, per_method: dict[str, dict], path: Path) -> None:
+    """The first test image, then per method (seed 0, trained) the centre patch's attention on the grid in
+    the first and the last layer, mean over heads."""
+    panels = {"first test image": np.asarray(image, np.float64).mean(-1)}
+    for method, maps in per_method.items():
+        attention = maps["attention"]
+        panels[f"{method}: layer 0"] = centre_query(task, attention[0].mean(0))
+        panels[f"{method}: layer {len(attention) - 1}"] = centre_query(task, attention[-1].mean(0))
+    plots.plot_matrices(panels, path, columns=3)
+
+
+def plot_masks(task: vt.VisionTask, maps: dict[str, np.ndarray], path: Path) -> None:
+    """Per layer, the learned M after training (mean over heads): the centre patch's row on the grid and
+    the whole matrix; the initial M's row first, for reference."""
+    panels = {"init: centre patch": centre_query(task, maps["mask_init"][0].mean(0))}
+    for layer, mask in enumerate(maps["mask_final"]):
+        panels[f"layer {layer}: centre patch"] = centre_query(task, mask.mean(0))
+        panels[f"layer {layer}: M"] = mask.mean(0)
+    plots.plot_matrices(panels, path, columns=3)
+
+
+class VisionStudy(Study):
+    """Every (training fraction, method) is one group over its seeds, on one dataset."""
+
+    name = "vision"
+    title = "Vision study"
+    description = "ViT study: python -m experiments.vision --dataset=fashion_mnist --seeds=4"
+    config_type = VisionConfig
+    scope_type = VisionScope
+    presets = PRESETS
+    default_seeds = 4
+    default_methods = ("vanilla", "mask", "mimetic", "impulse")
+
+    def make_data(self, config: VisionConfig, scope: VisionScope, log) -> VisionData:
+        log(f"reading {scope.dataset}")
+        data = images.load(scope.dataset, scope.data_dir, scope.image_size)
+        return VisionData(data, make_task(data, config))
+
+    def groups(self, plan: Plan) -> list[Group]:
+        name = plan.data.images.name
+        return [
+            Group({"dataset": name, "train_fraction": fraction, "method": method.name}, (fraction, method))
+            for fraction in plan.scope.train_fractions
+            for method in plan.methods
+        ]
+
+    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
+        fraction, method = group.items
+        return run_batch(plan.data.images, method, fraction, plan.seeds, plan.config, log, checkpoints, resume)
+
+    def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
+        table = tables.summary_table(records, KEYS, GROUPS)
+        parts = [
+            table,
+            tables.paired_table(records, "test_acc", "mask", ("dataset", "train_fraction")),
+            tables.per_seed_table(records, "test_acc", GROUPS),
+        ]
+        return "\n".join(parts), table
+
+    def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
+        data, task = plan.data.images, plan.data.task
+        for fraction in dict.fromkeys(r["train_fraction"] for r in records):
+            name = f"{data.name}_{fraction:g}"
+            done = [r for r in records if r["train_fraction"] == fraction]
+            plots.plot_step_curves(done, plan.out / f"curves_{name}.png", CURVE_KEYS)
+            plots.plot_drift(done, plan.out / f"persistence_{name}.png", PERSISTENCE_KEYS)
+            # A folder written before maps were kept has none for its older groups; those are left out.
+            ours = {m: a for m in dict.fromkeys(r["method"] for r in done) if (a := maps(f"{name}_{m}")) is not None}
+            plot_attention(task, data.test_images[0], ours, plan.out / f"attention_{name}.png")
+            for method, arrays in ours.items():
+                if "mask_final" in arrays:
+                    plot_masks(task, arrays, plan.out / f"mask_{name}_{method}.png")
+
+
+STUDY = VisionStudy()
