@@ -69,7 +69,7 @@ class BadValue(ValueError):
         self.expected, self.text = expected, text
 
 
-def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool) -> None:
+def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool, text: str) -> None:
     lo, above, below, hi = (meta.get(k) for k in ("minimum", "above", "below", "maximum"))
     if integer and lo is None and above is None:
         lo = 1
@@ -91,12 +91,12 @@ def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool) -> None
     if bad:
         if not integer and above is not None and lo is None and (below is None) != (hi is None):
             end = f"{below:g})" if hi is None else f"{hi:g}]"
-            raise BadValue(f"a number in ({above:g}, {end}", value)
+            raise BadValue(f"a number in ({above:g}, {end}", text)
         if integer:
             what = "a positive integer" if words == [">= 1"] else f"an integer {' and '.join(words)}"
         else:
             what = f"a finite number {' and '.join(words)}"
-        raise BadValue(what, value if not integer else int(value))
+        raise BadValue(what, text)
 
 
 def convert(text: str, kind: Any, meta: typing.Mapping[str, Any] = types.MappingProxyType({})) -> Any:
@@ -132,7 +132,7 @@ def convert(text: str, kind: Any, meta: typing.Mapping[str, Any] = types.Mapping
             value = int(text)
         except ValueError:
             raise BadValue("an integer", text) from None
-        _bounds(value, meta, integer=True)
+        _bounds(value, meta, integer=True, text=text)
         return value
     if kind is float:
         try:
@@ -141,7 +141,7 @@ def convert(text: str, kind: Any, meta: typing.Mapping[str, Any] = types.Mapping
             raise BadValue("a number", text) from None
         if not math.isfinite(number):
             raise BadValue("a finite number", text)
-        _bounds(number, meta, integer=False)
+        _bounds(number, meta, integer=False, text=text)
         return number
     raise BadValue(f"a value of type {kind}, which cannot be set from text", text)
 

@@ -104,6 +104,24 @@ def seed_verdict(passed: Sequence[bool], share: float = 0.75) -> dict:
     return {"seeds": seeds, "pass": count, "passes": seeds > 0 and count >= share * seeds}
 
 
+def eval_chunks(arrays: Sequence[np.ndarray], eval_batch: int) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
+    """n examples as [chunks, size, ...] for `lax.map`, size = min(eval_batch, n): every study's evaluator
+    scores any split at any eval_batch. A last partial chunk is filled by repeating the last example, and the
+    weights [chunks, size] (1 real, 0 filler) mark them; None when nothing was filled, so a split that
+    eval_batch divides is scored exactly as before."""
+    n = len(arrays[0])
+    size = min(eval_batch, n)
+    pad = -n % size
+    chunks = tuple(
+        jnp.asarray(np.concatenate([a, np.repeat(a[-1:], pad, 0)]) if pad else np.asarray(a)).reshape(
+            -1, size, *np.shape(a)[1:]
+        )
+        for a in arrays
+    )
+    weights = jnp.asarray((np.arange(n + pad) < n).astype(np.float32).reshape(-1, size)) if pad else None
+    return chunks, weights
+
+
 def end_loss(losses_S: np.ndarray) -> float:
     """The training loss a run ends at: the mean of its last 5% of steps (at least one)."""
     return float(np.mean(losses_S[-max(1, losses_S.shape[0] // 20) :]))

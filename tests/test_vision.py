@@ -301,12 +301,29 @@ def test_patch_stem_is_the_strided_convolution_it_replaces():
     np.testing.assert_allclose(np.asarray(PatchEmbed(16, 4).apply(variables, pictures)), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_test_split_that_eval_batch_does_not_divide_is_refused_before_training(monkeypatch):
+def test_a_test_split_that_eval_batch_does_not_divide_is_scored_whole(tiny_fashion):
+    """16 test images in chunks of 5 (the last one filled with weight 0) score as one chunk of 16."""
     from maskjax.studies import vision as study
 
-    test = (np.zeros((12, 8, 8, 1), np.uint8), np.zeros(12, np.int32))
-    data = images.ImageData("fashion_mnist", np.zeros((16, 8, 8, 1), np.uint8), np.zeros(16, np.int32), *test, 10)
-    monkeypatch.setattr(study, "train_batch", lambda *a, **k: pytest.fail("trained before refusing"))
-    config = dataclasses.replace(study.get_preset("test"), eval_batch=8)
-    with pytest.raises(ValueError, match="not a multiple of eval_batch 8"):
-        study.run_batch(data, get_method("vanilla"), 1.0, [0], config)
+    data = images.load("fashion_mnist", tiny_fashion)
+    config = study.get_preset("test")
+    records = {
+        size: study.run_batch(data, get_method("mask"), 1.0, [0], dataclasses.replace(config, eval_batch=size))[0]
+        for size in (5, 16)
+    }
+    for key in ("test_acc", "test_loss"):
+        assert records[5][0][key] == pytest.approx(records[16][0][key], rel=1e-5), key
+    assert records[5][0]["train_loss"] == records[16][0]["train_loss"]
+
+
+def test_eval_chunks_fill_the_last_chunk_and_mark_the_filler():
+    from maskjax.runs import eval_chunks
+
+    (x, y), weights = eval_chunks([np.arange(7.0), np.arange(7) * 10], 3)
+    chex.assert_shape([x, y, weights], (3, 3))
+    np.testing.assert_array_equal(np.asarray(x).ravel(), [0, 1, 2, 3, 4, 5, 6, 6, 6])
+    np.testing.assert_array_equal(np.asarray(weights).ravel(), [1, 1, 1, 1, 1, 1, 1, 0, 0])
+    (whole,), none = eval_chunks([np.arange(6.0)], 3)
+    assert none is None and whole.shape == (2, 3)
+    (small,), _ = eval_chunks([np.arange(2.0)], 8)
+    assert small.shape == (1, 2)

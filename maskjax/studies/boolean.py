@@ -170,13 +170,9 @@ def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_in
 
 
 def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: int) -> jax.Array:
-    """Predictions on x in batches, to bound memory on the whole cube."""
-    n = x.shape[0]
-    size = min(eval_batch, n)
-    if n % size:
-        raise ConfigError(f"evaluation set of {n} points is not a multiple of eval_batch {size}")
-    chunks = x.reshape(n // size, size, x.shape[-1])
-    return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(n)
+    """Predictions on x in chunks of eval_batch points, to bound memory on the whole cube."""
+    (chunks,), _ = runs.eval_chunks([np.asarray(x)], eval_batch)
+    return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(-1)[: x.shape[0]]
 
 
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:

@@ -329,13 +329,10 @@ def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config:
 
 def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
     """Per run, the summed negative log-likelihood over every weighted target of `windows` ([runs]), and the
-    number of targets. Windows are padded (weight 0) to a multiple of eval_batch."""
-    size = min(eval_batch, len(windows))
-    pad = -len(windows) % size
-    windows = np.concatenate([windows, np.repeat(windows[-1:], pad, 0)])
-    weights = np.concatenate([weights, np.zeros((pad, weights.shape[1]), weights.dtype)])
-    x = jnp.asarray(windows).reshape(-1, size, windows.shape[1])
-    w = jnp.asarray(weights).reshape(-1, size, weights.shape[1])
+    number of targets. A last partial chunk's filler windows weigh 0."""
+    (x, w), filler = runs.eval_chunks([windows, weights], eval_batch)
+    if filler is not None:
+        w = w * filler[..., None]
 
     @jax.jit
     @jax.vmap

@@ -57,7 +57,7 @@ class VisionConfig:
     crop_pad: int = option(4, minimum=0, help="pixels of padding the random crop moves within")
     steps: int | None = option(None, help="training steps, overriding the epochs")
     chunk_steps: int = option(200, help="steps per compiled chunk")
-    eval_batch: int = option(1000, help="test images scored at once (must divide the test split)")
+    eval_batch: int = option(1000, help="test images scored at once")
     probe_images: int = option(512, help="test images of the per-chunk accuracy probe")
     drift_images: int = option(16, help="test images of the attention-drift probe")
     qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
@@ -184,7 +184,6 @@ class Batch(NamedTuple):
 def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig) -> Batch:
     """The one-run init, loss and augmentation of (dataset, fraction, method) and every seed's inputs: its
     key, its initial mask and, below the full set, its own class-balanced training subset."""
-    eval_size(data, config.eval_batch)
     task = make_task(data, config)
     mean, std = (jnp.asarray(v) for v in vt.channel_stats(data.train_images))
     subsets = [vt.balanced_subset(data.train_labels, fraction, seed) for seed in seeds]
@@ -309,22 +308,10 @@ def run_batch(
     return records, plots
 
 
-def eval_size(data: ImageData, eval_batch: int) -> int:
-    """The test split's chunk size; a split that is not a multiple of it is refused (checked before training)."""
-    n = len(data.test_labels)
-    size = min(eval_batch, n)
-    if n % size:
-        raise ConfigError(
-            f"test split of {n} images is not a multiple of eval_batch {size}; set eval_batch to a divisor"
-        )
-    return size
-
-
 def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> tuple[np.ndarray, np.ndarray]:
     """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs])."""
-    n, size = len(data.test_labels), eval_size(data, eval_batch)
-    images = jnp.asarray(data.test_images).reshape(n // size, size, *data.image_shape)
-    labels = jnp.asarray(data.test_labels).reshape(n // size, size)
+    n = len(data.test_labels)
+    (images, labels), weights = runs.eval_chunks([data.test_images, data.test_labels], eval_batch)
 
     @jax.jit
     @jax.vmap
@@ -332,11 +319,13 @@ def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> 
         variables = variables_of(params, constants)
 
         def chunk(batch):
-            x, y = batch
+            x, y, w = batch
             logits = model.apply(variables, vt.normalise(x, mean, std))
-            return (logits.argmax(-1) == y).sum(), optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+            correct = logits.argmax(-1) == y
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+            return (correct.sum(), loss.sum()) if w is None else ((correct * w).sum(), (loss * w).sum())
 
-        correct, total = jax.lax.map(chunk, (images, labels))
+        correct, total = jax.lax.map(chunk, (images, labels, weights))
         return correct.sum() / n, total.sum() / n
 
     acc, loss = one_run(state.params, state.constants)
