@@ -98,7 +98,7 @@ def build_model(task: BooleanTask, method: Method, config: boolean.BooleanConfig
         task.n_bits, m.dim, m.depth, m.heads, m.head_dim, m.mlp_dim, mask, method.mask_mode == "learnable"
     )
     if init == "maskjax":
-        batch = boolean.make_batch(task, method, [seed], config)
+        batch = boolean.make_group(task, method, [seed], config)
         params, constants = batch.init_run(batch.run_keys[0], batch.run_masks[0])
         torch_gotu.load_flax_params(model, {"params": params, "constants": constants}, m.depth)
     return model

@@ -54,7 +54,7 @@ def cli_seconds(method: str, preset: str, steps: int) -> float:
 def probe_seconds(config: study.BooleanConfig, method_name: str, repeats: int) -> tuple[float, float]:
     """(compile seconds, best seconds per call) of one seed's drift probe."""
     task, method = get_task("2parity"), get_method(method_name)
-    batch = study.make_batch(task, method, [0], config)
+    batch = study.make_group(task, method, [0], config)
     program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
     state = init_runs(program, batch.run_keys, (batch.run_masks,))
     probe = study.drift_probe(batch.model, method, task, batch.loss, study.probe_batches(batch.data, config.batch_size))

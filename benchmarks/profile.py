@@ -70,7 +70,7 @@ def op_names(hlo_text: str) -> dict[str, str]:
     return names
 
 
-def profile(batch: step.Batch, steps: int) -> tuple[float, dict[str, float], dict[str, str]]:
+def profile(batch: step.GroupInputs, steps: int) -> tuple[float, dict[str, float], dict[str, str]]:
     """(seconds per step, kernel seconds per step, kernel -> operation) of one traced chunk of `steps`."""
     program, state, data, _ = step.prepare(batch, dataclasses.replace(batch.train_config, chunk_steps=steps))
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()

@@ -1,6 +1,6 @@
 """One training step of any study, timed: python -m benchmarks.step --study=boolean|arithmetic|vision|language
 
-For each number of seeds S the batch of S runs is the study's own program (`make_batch`, then
+For each number of seeds S the batch of S runs is the study's own program (`make_group`, then
 `maskjax.train.compile_program`: `vmap` over runs, `lax.fori_loop` chunks, donated state), laid on the
 runs mesh `train` would use. Printed per S: seconds per step, seed-steps per second and their ratio to S
 seeds one after another, XLA's FLOP count of one step, GFLOP/s and its share of an fp32 matmul peak
@@ -50,7 +50,7 @@ from maskjax.train import (
 STUDIES = ("boolean", "arithmetic", "vision", "language")
 
 
-class Batch(NamedTuple):
+class GroupInputs(NamedTuple):
     """What `compile_program` and `train` take for one batch of runs, whatever the study."""
 
     init_run: InitRun
@@ -63,12 +63,12 @@ class Batch(NamedTuple):
     train_config: TrainConfig
 
 
-class Study(NamedTuple):
+class StepSetup(NamedTuple):
     """A study at one preset: what it is, its batch of S seeds, and its PyTorch peer's seconds per step
     (steps, repeats) -> float."""
 
     describe: str
-    batch: Callable[[list[int]], Batch]
+    batch: Callable[[list[int]], GroupInputs]
     torch_seconds: Callable[[int, int], float]
 
 
@@ -91,15 +91,15 @@ def dims(model: Any) -> tuple[int, int, int, int, int]:
     return model.dim, model.depth, model.heads, model.head_dim, model.mlp_dim
 
 
-def boolean_batch(task: Any, method: Any, seeds: list[int], config: Any) -> Batch:
+def boolean_batch(task: Any, method: Any, seeds: list[int], config: Any) -> GroupInputs:
     """The Boolean study's batch of (task, method) for these seeds (also `benchmarks.train_step`'s)."""
     from maskjax.studies import boolean
 
-    b = boolean.make_batch(task, method, seeds, config)
-    return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+    b = boolean.make_group(task, method, seeds, config)
+    return GroupInputs(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
 
 
-def boolean_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
+def boolean_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
     from maskjax.studies import boolean
     from maskjax.tasks.boolean import get_task
 
@@ -109,19 +109,19 @@ def boolean_study(preset: str, method_name: str, dtype: str, sets: list[str]) ->
         get_method(method_name),
     )
 
-    def batch(seeds: list[int]) -> Batch:
+    def batch(seeds: list[int]) -> GroupInputs:
         return boolean_batch(task, method, seeds, config)
 
     def torch_seconds(steps: int, repeats: int) -> float:
         return torch_gotu.time_steps(task.n_bits, dims(config.model), config.batch_size, steps, repeats)
 
     m = config.model
-    return Study(
+    return StepSetup(
         f"2Parity ({task.n_bits} bits), GOTU {m.dim} x {m.depth}, batch {config.batch_size}", batch, torch_seconds
     )
 
 
-def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
+def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
     from benchmarks import torch_peers
     from maskjax.studies import arithmetic
     from maskjax.tasks import arithmetic as ar
@@ -129,9 +129,9 @@ def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str])
     config, method = configured(arithmetic.get_preset(preset), dtype, sets), get_method(method_name)
     task, fraction = ar.ArithmeticTask("mul", config.answer_format), 0.03
 
-    def batch(seeds: list[int]) -> Batch:
-        b = arithmetic.make_batch(task, method, fraction, seeds, config)
-        return Batch(b.init_run, b.loss, (), b.run_keys, b.data, True, None, b.train_config)
+    def batch(seeds: list[int]) -> GroupInputs:
+        b = arithmetic.make_group(task, method, fraction, seeds, config)
+        return GroupInputs(b.init_run, b.loss, (), b.run_keys, b.data, True, None, b.train_config)
 
     def torch_seconds(steps: int, repeats: int) -> float:
         return torch_peers.time_arithmetic_steps(
@@ -148,10 +148,10 @@ def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str])
 
     m = config.model
     describe = f"multiplication at {fraction:g}, causal {m.dim} x {m.depth}, length {task.length}"
-    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
-def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
+def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
     from benchmarks import torch_peers
     from maskjax.data.images import ImageData
     from maskjax.studies import vision
@@ -169,9 +169,10 @@ def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> 
     )
     task = vision.make_task(data, config)
 
-    def batch(seeds: list[int]) -> Batch:
-        b = vision.make_batch(data, method, 1.0, seeds, config)
-        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, b.data_per_run, b.augment, b.train_config)
+    def batch(seeds: list[int]) -> GroupInputs:
+        b = vision.make_group(data, method, 1.0, seeds, config)
+        inputs = (b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, b.data_per_run, b.augment)
+        return GroupInputs(*inputs, b.train_config)
 
     def torch_seconds(steps: int, repeats: int) -> float:
         return torch_peers.time_vision_steps(
@@ -191,10 +192,10 @@ def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> 
 
     m, grid = config.model, shape[0] // config.patch_size
     describe = f"{data.name}-shaped images, ViT {m.dim} x {m.depth}, {grid * grid} patches"
-    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
-def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> Study:
+def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
     from benchmarks import torch_peers
     from maskjax.studies import language
 
@@ -203,9 +204,9 @@ def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -
     weights = np.ones((512, config.context), np.float32)
     data = language.LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
 
-    def batch(seeds: list[int]) -> Batch:
-        b = language.make_batch(data, method, seeds, config)
-        return Batch(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+    def batch(seeds: list[int]) -> GroupInputs:
+        b = language.make_group(data, method, seeds, config)
+        return GroupInputs(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
 
     def torch_seconds(steps: int, repeats: int) -> float:
         return torch_peers.time_language_steps(
@@ -222,7 +223,7 @@ def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -
 
     m = config.model
     describe = f"causal LM {m.dim} x {m.depth}, context {config.context}, vocab {config.vocab_size}"
-    return Study(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
 STUDY_BUILDERS = {
@@ -278,7 +279,7 @@ def cost(compiled) -> dict:
     return analysis[0] if isinstance(analysis, list) else analysis
 
 
-def prepare(batch: Batch, train_config: TrainConfig) -> tuple[Program, RunState, Any, jax.sharding.Mesh]:
+def prepare(batch: GroupInputs, train_config: TrainConfig) -> tuple[Program, RunState, Any, jax.sharding.Mesh]:
     """The batch's compiled program, initial state and data, laid on the mesh `train` would give it."""
     n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
     program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
@@ -287,7 +288,7 @@ def prepare(batch: Batch, train_config: TrainConfig) -> tuple[Program, RunState,
     return program, init_runs(program, batch.run_keys, batch.run_inputs, mesh), data, mesh
 
 
-def time_batch(batch: Batch, steps: int, repeats: int) -> dict:
+def time_batch(batch: GroupInputs, steps: int, repeats: int) -> dict:
     """Seconds per step of one batch of runs on the mesh `train` would give it, in chunks of the study's own
     length (`seconds_per_step`), with XLA's FLOP and memory counts of one step."""
     n_runs = len(batch.run_keys)

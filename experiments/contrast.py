@@ -1,6 +1,6 @@
 """Mask contrast sweep: python -m experiments.contrast --seeds=8 --open=0.5,2,5,10 --closed=-0.5,-2,-5,-10
 
-The whole grid (open x closed x seeds) is ONE vmapped batch: the open and closed logits are per-run
+The whole grid (open x closed x seeds) is ONE vmapped group: the open and closed logits are per-run
 numbers, not structure. Answers whether a low-contrast, genuinely learnable mask still persists, or
 only a near-frozen +-10 one does. Writes results.jsonl, summary.md, config.json and a heat map.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from experiments.cli import Parser, add_config_flags, config_from_args, float_list, progress, run_control, run_main
 from maskjax import plots, store, tables
 from maskjax.errors import ConfigError
-from maskjax.runner import BatchSpec, run_sweep
+from maskjax.runner import GroupSpec, run_sweep
 from maskjax.studies import boolean as study
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"{task.name} {method.name}: {shape}, one batch")
         seeds = [seed for _, _, seed in runs]
         values = [(o, c) for o, c, _ in runs]
-        return study.run_batch(task, method, seeds, config, progress, checkpoints, resume, mask_values=values)[0]
+        return study.run_group(task, method, seeds, config, progress, checkpoints, resume, mask_values=values)[0]
 
-    grid_batch = BatchSpec("grid", {"task": task.name, "method": method.name}, len(runs), train)
+    grid_batch = GroupSpec("grid", {"task": task.name, "method": method.name}, len(runs), train)
     records = run_sweep(out, resolved, [grid_batch], write_jsonl, run_control(args), progress)
     table = write_summary(out, task, method, records)
     plot_grid(records, args.open, args.closed, out / "contrast.png", f"{task.name} {method.name}: acc_all (%)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.cli import Parser, fraction_list, name_list, positive_int, progress, run_main
-from maskjax import discover, plots, priors, store, tables
+from maskjax import discover, mask_patterns, plots, store, tables
 from maskjax.runner import RunControl, open_sweep
 from maskjax.tasks.boolean import TASKS, cube, get_task
 
@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None):
         default=[1.0, 0.3, 0.1, 0.03],
         help="fractions of the seen points kept",
     )
-    p.add_argument("--row-policy", default="diagonal", choices=list(priors.ROW_POLICIES), help="mask row policy")
+    p.add_argument("--row-policy", default="diagonal", choices=list(mask_patterns.ROW_POLICIES), help="mask row policy")
     p.add_argument(
         "--out", type=Path, default=Path("results/discover"), help="output folder (default results/discover)"
     )
@@ -48,14 +48,14 @@ def subset_record(task, fraction: float, seed: int, row_policy: str) -> dict:
     keep = np.random.default_rng([seed, int(fraction * 1e6)]).permutation(seen)[: max(1, round(fraction * seen.size))]
     evidence = discover.interaction_evidence(points[keep], np.asarray(task.target(points[keep]), np.float64))
     groups = discover.learned_groups(evidence)
-    learned = priors.group_pattern(task.n_bits, groups, row_policy)
+    learned = mask_patterns.group_pattern(task.n_bits, groups, row_policy)
     upper = np.triu(np.ones_like(evidence.pairs, bool), 1)
     return {
         "task": task.name,
         "train_fraction": fraction,
         "seed": seed,
         "n_train": int(keep.size),
-        **discover.recovery(learned, priors.group_pattern(task.n_bits, task.groups, row_policy)),
+        **discover.recovery(learned, mask_patterns.group_pattern(task.n_bits, task.groups, row_policy)),
         "untested_pairs": int(np.sum(upper & (evidence.pairs == discover.UNTESTED))),
         "groups": [list(g) for g in groups],
     }

@@ -1,6 +1,6 @@
 """How well each prior matches its target at init, without training: python -m experiments.qk_match --preset=paper
 
-Initialises every (task, method) batch exactly as experiments.boolean does and reports
+Initialises every (task, method) group exactly as experiments.boolean does and reports
 pattern_error_init: the mean total-variation distance between layer 0's attention rows on 512 cube
 points and the oracle target's rows (0 = the pattern, 1 = disjoint). The QK priors' scale constants
 were set at the quick width; this checks them at any other size in seconds to minutes, not hours.

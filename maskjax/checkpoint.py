@@ -70,7 +70,7 @@ def _rewrap_keys(raw: Any, like: Any) -> Any:
 
 
 class SweepCheckpoints:
-    """Checkpoints of one vmapped batch under `directory`, the last `keep` kept.
+    """Checkpoints of one vmapped group under `directory`, the last `keep` kept.
 
     `fingerprint` is a JSON-able description of the config; restoring a checkpoint written
     with another fingerprint raises CheckpointError.

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax.errors import ConfigError
 from maskjax.tasks.boolean import BooleanTask, cube
 
@@ -96,7 +96,7 @@ def learned_groups(evidence: Evidence) -> tuple[tuple[int, ...], ...]:
 def learned_pattern(points: np.ndarray, values: np.ndarray, row_policy: str = "diagonal") -> np.ndarray:
     """The (n+1) x (n+1) open pattern over [CLS, bits] that the training set supports."""
     evidence = interaction_evidence(points, values)
-    return priors.group_pattern(evidence.bits.size, learned_groups(evidence), row_policy)
+    return mask_patterns.group_pattern(evidence.bits.size, learned_groups(evidence), row_policy)
 
 
 @functools.cache
@@ -108,7 +108,7 @@ def _task_groups(task: BooleanTask) -> tuple[tuple[int, ...], ...]:
 
 def task_pattern(task: BooleanTask, row_policy: str = "diagonal") -> np.ndarray:
     """The learned pattern of a GOTU task, from its training set: every seen point of the cube."""
-    return priors.group_pattern(task.n_bits, _task_groups(task), row_policy)
+    return mask_patterns.group_pattern(task.n_bits, _task_groups(task), row_policy)
 
 
 def recovery(learned: np.ndarray, oracle: np.ndarray) -> dict[str, int | bool]:

@@ -42,8 +42,8 @@ class RunControl:
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchSpec:
-    """One vmapped batch of a sweep. fields: the record fields all its runs share and that name it in
+class GroupSpec:
+    """One vmapped group of a sweep. fields: the record fields all its runs share and that name it in
     results.jsonl (e.g. task and method); runs: how many records it writes; train(checkpoints, resume)
     trains it and returns its records."""
 
@@ -108,8 +108,8 @@ def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict]
     return records, {"config": config, **env}
 
 
-def batch_checkpoints(out: Path, name: str, fingerprint: dict, control: RunControl) -> SweepCheckpoints:
-    """Checkpoints of one batch under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
+def group_checkpoints(out: Path, name: str, fingerprint: dict, control: RunControl) -> SweepCheckpoints:
+    """Checkpoints of one group of runs under out/checkpoints/name; a fresh (not resumed) run clears old ones."""
     directory = out / "checkpoints" / name
     if not control.resume:
         remove_tree(directory)
@@ -122,32 +122,32 @@ PLOT_EVERY_SECONDS = 300.0
 def run_sweep(
     out: Path,
     config: dict,
-    batches: Sequence[BatchSpec],
+    groups: Sequence[GroupSpec],
     write: Callable[[Path, list[dict]], Any],
     control: RunControl,
     log: Log,
     plot: Callable[[list[dict]], None] | None = None,
     plot_every: float = PLOT_EVERY_SECONDS,
 ) -> list[dict]:
-    """Train every batch not yet in out/results.jsonl, in order; after each, append its records (with the
+    """Train every group not yet in out/results.jsonl, in order; after each, append its records (with the
     sweep's metadata) and call write(out, records). Returns all records.
 
-    plot(records) draws every figure from the records so far: after a batch when the last drawing is at
-    least plot_every seconds old (so a long sweep's figures stay current while short batches do not
-    spend their time drawing), and at the end unless the last batch was just drawn, which also redraws a
+    plot(records) draws every figure from the records so far: after a group when the last drawing is at
+    least plot_every seconds old (so a long sweep's figures stay current while short groups do not
+    spend their time drawing), and at the end unless the last group was just drawn, which also redraws a
     resumed folder with this code.
     """
     records, meta = open_sweep(out, config, control)
     plot = plot if jax.process_index() == 0 else None  # figures are files: process 0 draws them
     last_plot, drawn = time.monotonic(), None
-    for k, spec in enumerate(batches, 1):
+    for k, spec in enumerate(groups, 1):
         if spec.done_in(records):
             log(f"{spec.name}: already in {out / 'results.jsonl'}, skipped")
             continue
-        log(f"batch {k} of {len(batches)}: {spec.name}, {spec.runs} runs")
-        checkpoints = batch_checkpoints(out, spec.name, {"config": config, "batch": spec.name}, control)
-        batch = spec.train(checkpoints, control.resume)
-        records += [{**r, **meta} for r in batch]
+        log(f"group {k} of {len(groups)}: {spec.name}, {spec.runs} runs")
+        checkpoints = group_checkpoints(out, spec.name, {"config": config, "batch": spec.name}, control)
+        trained = spec.train(checkpoints, control.resume)
+        records += [{**r, **meta} for r in trained]
         write(out, records)
         remove_tree(checkpoints.directory)
         if plot is not None and time.monotonic() - last_plot >= plot_every:
@@ -239,14 +239,14 @@ def run(
         store.write_atomic(out / "summary.md", f"# {study.title}\n\n{body}")
         return table
 
-    def spec(group: Group) -> BatchSpec:
+    def spec(group: Group) -> GroupSpec:
         def train(checkpoints: SweepCheckpoints, resume: bool) -> list[dict]:
             records, arrays = study.train(plan, group, log, checkpoints, resume)
             if arrays:
                 store.write_maps(out / "maps" / f"{group.name}.npz", arrays)
             return records
 
-        return BatchSpec(group.name, group.fields, len(seeds), train)
+        return GroupSpec(group.name, group.fields, len(seeds), train)
 
     records = run_sweep(
         out,

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import priors, probes, qk_priors
+from maskjax import mask_patterns, probes, qk_priors
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.train import InitRun, TrainConfig, Trained, first_nonfinite_step
@@ -45,7 +45,7 @@ def initial_mask_logits(patterns: Patterns, method: Method, seed: int, values: t
     pattern = patterns(mask_kind(method), seed)
     if method.mask_pattern == "zero":
         return np.zeros(pattern.shape, np.float32)
-    return np.asarray(priors.mask_logits(pattern, *values))
+    return np.asarray(mask_patterns.mask_logits(pattern, *values))
 
 
 def prior_init(

@@ -398,7 +398,7 @@ def first_nonfinite_step(history: np.ndarray) -> np.ndarray:
     return np.where(bad.any(axis=1), bad.argmax(axis=1) + 1, 0)
 
 
-def train_batch(
+def train_group(
     batch: Any, label: str, log: Log | None, checkpoints: Checkpointer | None, resume: bool, **options: Any
 ) -> Trained:
     """`train` on a study's batch: anything with init_run, loss, run_keys, run_masks (each run's initial M,

@@ -12,8 +12,8 @@ from maskjax.tasks.arithmetic import ArithmeticTask
 
 def test_a_seed_in_a_batch_equals_the_seed_alone_and_seeds_differ():
     task, config = ArithmeticTask("add"), study.get_preset("test")
-    batch = study.run_batch(task, get_method("mask"), 0.004, [0, 1, 2], config)
-    alone = study.run_batch(task, get_method("mask"), 0.004, [2], config)
+    batch = study.run_group(task, get_method("mask"), 0.004, [0, 1, 2], config)
+    alone = study.run_group(task, get_method("mask"), 0.004, [2], config)
     for key in ("seq_acc", "token_acc", "train_seq_acc", "train_loss"):
         assert alone[0][key] == pytest.approx(batch[2][key], rel=1e-4, abs=1e-6), key
     assert batch[0]["train_loss"] != batch[1]["train_loss"]
@@ -45,7 +45,7 @@ def test_greedy_decoding_reads_the_prompt_only():
 
 def test_qk_priors_train_through_the_same_registry():
     task, config = ArithmeticTask("add"), study.get_preset("test")
-    (record,) = study.run_batch(task, get_method("qk_opt"), 0.004, [0], config)
+    (record,) = study.run_group(task, get_method("qk_opt"), 0.004, [0], config)
     assert record["method"] == "qk_opt" and not record["diverged"] and np.isfinite(record["train_loss"])
 
 

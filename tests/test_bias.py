@@ -8,11 +8,11 @@ from flax import linen as nn
 from flax import nnx
 
 import maskjax
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax.bias import MaskBias, NNXMaskBias, with_mask_bias
 
 HEADS, LENGTH, FEATURES = 2, 6, 8
-PATTERN = np.asarray(priors.mask_logits(np.tril(np.ones((LENGTH, LENGTH), bool)), 4.0, -4.0))
+PATTERN = np.asarray(mask_patterns.mask_logits(np.tril(np.ones((LENGTH, LENGTH), bool)), 4.0, -4.0))
 
 
 class LinenBlock(nn.Module):

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from maskjax import discover, priors
+from maskjax import discover, mask_patterns
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import PAPER_TASKS, TASKS, BooleanTask, cube, get_task
@@ -52,7 +52,7 @@ def test_verdicts_match_a_brute_force_reference(seed):
 def test_the_training_set_yields_the_oracle_pattern_on_every_task(name):
     task = get_task(name)
     learned = discover.task_pattern(task)
-    assert discover.recovery(learned, priors.group_pattern(task.n_bits, task.groups)) == {
+    assert discover.recovery(learned, mask_patterns.group_pattern(task.n_bits, task.groups)) == {
         "recovered": True,
         "missing_pairs": 0,
         "extra_pairs": 0,

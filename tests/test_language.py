@@ -139,8 +139,8 @@ def tiny_data():
 
 def test_a_seed_in_a_batch_equals_the_seed_alone(tiny_data):
     config = study.PRESETS["test"]
-    together, maps = study.run_batch(tiny_data, get_method("mask"), [0, 1], config)
-    alone, _ = study.run_batch(tiny_data, get_method("mask"), [1], config)
+    together, maps = study.run_group(tiny_data, get_method("mask"), [0, 1], config)
+    alone, _ = study.run_group(tiny_data, get_method("mask"), [1], config)
     assert together[1]["test_ppl"] == pytest.approx(alone[0]["test_ppl"], rel=1e-6)
     assert together[1]["val_loss"] == pytest.approx(alone[0]["val_loss"], rel=1e-6)
     assert together[0]["test_ppl"] != together[1]["test_ppl"]

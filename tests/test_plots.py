@@ -43,7 +43,7 @@ def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_p
 def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_drawn(tmp_path):
 
     def spec(method):
-        return runner.BatchSpec(method, {"method": method}, 1, lambda checkpoints, resume: [{"method": method}])
+        return runner.GroupSpec(method, {"method": method}, 1, lambda checkpoints, resume: [{"method": method}])
 
     def run(plot_every, control):
         drawn = []

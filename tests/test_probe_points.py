@@ -74,8 +74,8 @@ def test_mask_logit_change_splits_open_and_closed_entries():
 
 def test_drift_is_reported_per_region_and_the_mask_change_of_a_fixed_mask_is_zero():
     task = get_task("majority3")
-    (fixed,), _ = study.run_batch(task, get_method("mask_fixed"), [0], CONFIG)
-    (learned,), _ = study.run_batch(task, get_method("mask"), [0], CONFIG)
+    (fixed,), _ = study.run_group(task, get_method("mask_fixed"), [0], CONFIG)
+    (learned,), _ = study.run_group(task, get_method("mask"), [0], CONFIG)
     share = seen_share(task)
     for r in (fixed, learned):
         end = [np.asarray(r[k][-1]) for k in ("attention_drift", "attention_drift_seen", "attention_drift_unseen")]
@@ -87,7 +87,7 @@ def test_drift_is_reported_per_region_and_the_mask_change_of_a_fixed_mask_is_zer
 
 def test_the_gradient_probe_batches_are_distinct_training_points():
     task = get_task("2parity")
-    batch = study.make_batch(task, get_method("vanilla"), [0], CONFIG)
+    batch = study.make_group(task, get_method("vanilla"), [0], CONFIG)
     x, y = study.probe_batches(batch.data, 32)
     chex.assert_shape(x, (study.GRADIENT_BATCHES, 32, task.n_bits))
     for xb in np.asarray(x):

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax import qk_priors as qp
 
 
@@ -19,8 +19,8 @@ def numpy_attention(x, q, k):
 
 
 def oracle(n_heads=2):
-    pattern = priors.group_pattern(15, ((0, 1),))
-    target = priors.row_distribution(priors.mask_logits(pattern, 10.0, -10.0))
+    pattern = mask_patterns.group_pattern(15, ((0, 1),))
+    target = mask_patterns.row_distribution(mask_patterns.mask_logits(pattern, 10.0, -10.0))
     return np.broadcast_to(pattern, (n_heads, 16, 16)), np.broadcast_to(target, (n_heads, 16, 16))
 
 
@@ -70,7 +70,7 @@ def test_optimised_qk_lowers_its_loss_and_is_a_function_of_the_key():
 
 def test_impulse_offsets_and_border_rows():
     grid = 3
-    p = priors.impulse_patterns(grid, 10)
+    p = mask_patterns.impulse_patterns(grid, 10)
     assert p.shape == (10, 9, 9) and np.all(p.sum(-1) <= 1)
     np.testing.assert_array_equal(p[0], np.eye(9, dtype=bool))  # offset 4: the centre
     np.testing.assert_array_equal(p[9], p[0])  # head 9 wraps to the first offset
@@ -84,7 +84,7 @@ def test_pattern_error_worked_example_and_row_distribution():
     target = np.array([[[0.5, 0.5], [0.0, 1.0]]])
     attention = np.array([[[1.0, 0.0], [0.0, 1.0]]])
     assert qp.pattern_error(attention, target) == pytest.approx(0.25)
-    rows = priors.row_distribution(np.array([[10.0, -10.0], [0.0, 0.0]]))
+    rows = mask_patterns.row_distribution(np.array([[10.0, -10.0], [0.0, 0.0]]))
     np.testing.assert_allclose(rows.sum(-1), 1.0)
     assert rows[0, 0] == pytest.approx(1 / (1 + np.exp(-10.0)), rel=1e-4) and rows[1, 0] == 0.5
 
@@ -98,7 +98,7 @@ def test_qk_priors_match_their_target_at_init_in_the_model(task_name):
     task = study.get_task(task_name)
     errors = {}
     for name in ("vanilla", "qk_svd", "qk_opt", "mimetic"):
-        # the same numbers as run_batch's records (the next test), without training or scoring the cube
+        # the same numbers as run_group's records (the next test), without training or scoring the cube
         errors[name] = study.init_pattern_errors(task, get_method(name), [0, 1], config)
         assert all(0.0 <= e <= 1.0 for e in errors[name])
     assert max(errors["qk_svd"]) <= 0.2 and max(errors["qk_opt"]) <= 0.2
@@ -114,7 +114,7 @@ def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(
 
     config = dataclasses.replace(study.get_preset("test"), steps=5)
     task, method = get_task("2parity"), get_method("qk_svd")
-    records, _ = study.run_batch(task, method, [0, 1], config)
+    records, _ = study.run_group(task, method, [0, 1], config)
     errors = study.init_pattern_errors(task, method, [0, 1], config)
     assert errors == pytest.approx([r["pattern_error_init"] for r in records], abs=1e-6)
     result = cli("experiments.qk_match", "--preset=test", "--seeds=1", "--tasks=2parity", f"--out={tmp_path / 'q'}")

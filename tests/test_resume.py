@@ -66,7 +66,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(cli, tmp_path, whole):
     resumed = cli("experiments.boolean", *ARGS, f"--out={killed}", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert "vanilla: already in" in resumed.stderr and "mask resumed at step 30/40" in resumed.stderr
-    assert "batch 2 of 2: 2parity_mask, 2 runs" in resumed.stderr and "steps/s, ETA" in resumed.stderr
+    assert "group 2 of 2: 2parity_mask, 2 runs" in resumed.stderr and "steps/s, ETA" in resumed.stderr
     assert records(killed) == records(whole)
     resumed_at = {r["method"]: r["resumed_at_step"] for r in store.read_jsonl(killed / "results.jsonl")}
     assert resumed_at == {"vanilla": None, "mask": 30}

@@ -22,8 +22,8 @@ COMPARED = ("acc_all", "acc_unseen", "mse", "train_loss")
 
 def test_a_run_in_a_batch_of_8_equals_the_run_alone():
     task, method = get_task("2parity"), get_method("mask")
-    batch, _ = study.run_batch(task, method, list(range(8)), CONFIG)
-    alone, _ = study.run_batch(task, method, [5], CONFIG)
+    batch, _ = study.run_group(task, method, list(range(8)), CONFIG)
+    alone, _ = study.run_group(task, method, [5], CONFIG)
     for key in COMPARED:
         assert alone[0][key] == pytest.approx(batch[5][key], rel=1e-4, abs=1e-6), key
     assert batch[5]["runs_in_batch"] == 8 and alone[0]["runs_in_batch"] == 1
@@ -31,8 +31,8 @@ def test_a_run_in_a_batch_of_8_equals_the_run_alone():
 
 def test_same_seed_same_result_and_seeds_differ():
     task, method = get_task("majority3"), get_method("vanilla")
-    first, _ = study.run_batch(task, method, [0, 1], CONFIG)
-    again, _ = study.run_batch(task, method, [0, 1], CONFIG)
+    first, _ = study.run_group(task, method, [0, 1], CONFIG)
+    again, _ = study.run_group(task, method, [0, 1], CONFIG)
     assert [r["mse"] for r in first] == [r["mse"] for r in again]
     assert first[0]["mse"] != first[1]["mse"]
 
@@ -111,8 +111,8 @@ def test_summary_counts_diverged_runs_instead_of_averaging_them():
 
 def test_drift_is_probed_at_init_and_every_chunk_and_a_fixed_mask_never_moves():
     task = get_task("2parity")
-    (fixed,), _ = study.run_batch(task, get_method("mask_fixed"), [0], CONFIG)
-    (learned,), _ = study.run_batch(task, get_method("mask"), [0], CONFIG)
+    (fixed,), _ = study.run_group(task, get_method("mask_fixed"), [0], CONFIG)
+    (learned,), _ = study.run_group(task, get_method("mask"), [0], CONFIG)
     for r in (fixed, learned):
         assert r["drift_steps"] == [0, 5, 10, 12]
         chex.assert_shape(np.asarray(r["attention_drift"]), (4, CONFIG.model.depth))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from golden_check import assert_matches_golden
 
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax.data import images
 from maskjax.methods import get_method
 from maskjax.models.layers import ModelConfig
@@ -39,34 +39,34 @@ def tiny_fashion(tmp_path_factory):
 
 
 def test_locality_open_counts_corner_edge_interior():
-    open_ = priors.locality_pattern(5, radius=1)
+    open_ = mask_patterns.locality_pattern(5, radius=1)
     counts = open_.sum(1).reshape(5, 5)
     assert counts[0, 0] == counts[0, 4] == counts[4, 0] == counts[4, 4] == 4
     assert counts[0, 2] == counts[2, 0] == counts[4, 2] == counts[2, 4] == 6
     assert counts[2, 2] == counts[1, 1] == 9
     np.testing.assert_array_equal(open_, open_.T)
-    np.testing.assert_array_equal(priors.locality_pattern(5, radius=0), np.eye(25, dtype=bool))
-    assert priors.locality_pattern(5, radius=4).all()
+    np.testing.assert_array_equal(mask_patterns.locality_pattern(5, radius=0), np.eye(25, dtype=bool))
+    assert mask_patterns.locality_pattern(5, radius=4).all()
 
 
 def test_locality_cls_policies_and_bad_input():
-    with_cls = priors.locality_pattern(3, 1, "open")
+    with_cls = mask_patterns.locality_pattern(3, 1, "open")
     assert with_cls.shape == (10, 10) and with_cls[0].all() and with_cls[:, 0].all()
-    np.testing.assert_array_equal(with_cls[1:, 1:], priors.locality_pattern(3, 1))
-    alone = priors.locality_pattern(3, 1, "self")
+    np.testing.assert_array_equal(with_cls[1:, 1:], mask_patterns.locality_pattern(3, 1))
+    alone = mask_patterns.locality_pattern(3, 1, "self")
     assert alone[0].sum() == 1 and alone[1:, 0].sum() == 0
     with pytest.raises(ValueError, match="radius"):
-        priors.locality_pattern(3, -1)
+        mask_patterns.locality_pattern(3, -1)
     with pytest.raises(ValueError, match="CLS policy"):
-        priors.locality_pattern(3, 1, "everywhere")
+        mask_patterns.locality_pattern(3, 1, "everywhere")
 
 
 def test_random_rows_keep_each_rows_count_and_the_diagonal():
-    reference = priors.locality_pattern(4, 1)
-    placebo = priors.random_rows(reference, seed=3)
+    reference = mask_patterns.locality_pattern(4, 1)
+    placebo = mask_patterns.random_rows(reference, seed=3)
     np.testing.assert_array_equal(placebo.sum(1), reference.sum(1))
     assert placebo.diagonal().all() and not np.array_equal(placebo, reference)
-    np.testing.assert_array_equal(placebo, priors.random_rows(reference, seed=3))
+    np.testing.assert_array_equal(placebo, mask_patterns.random_rows(reference, seed=3))
 
 
 def test_read_idx_round_trip_and_errors(tmp_path):
@@ -308,7 +308,7 @@ def test_a_test_split_that_eval_batch_does_not_divide_is_scored_whole(tiny_fashi
     data = images.load("fashion_mnist", tiny_fashion)
     config = study.get_preset("test")
     records = {
-        size: study.run_batch(data, get_method("mask"), 1.0, [0], dataclasses.replace(config, eval_batch=size))[0]
+        size: study.run_group(data, get_method("mask"), 1.0, [0], dataclasses.replace(config, eval_batch=size))[0]
         for size in (5, 16)
     }
     for key in ("test_acc", "test_loss"):

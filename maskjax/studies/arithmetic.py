@@ -1,4 +1,4 @@
-"""The low-data arithmetic study: one (op, training fraction, method) is one vmapped batch over its seeds.
+"""The low-data arithmetic study: one (op, training fraction, method) is one vmapped group over its seeds.
 
 Every seed draws its own training subset (`tasks.arithmetic.split`), so the data carries the runs
 axis; runs with different fractions have training sets of different sizes and are separate batches.
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import plots, priors, runs, tables
+from maskjax import mask_patterns, plots, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
@@ -131,8 +131,8 @@ def training_sample(train_BNL: np.ndarray, seeds: Sequence[int], size: int) -> n
     return np.stack([train_BNL[i, pick] for i, pick in enumerate(picks)])
 
 
-class Batch(NamedTuple):
-    """What `train` needs for one (op, fraction, method) batch; each run trains on its own subset."""
+class GroupInputs(NamedTuple):
+    """What `train` needs for one (op, fraction, method) group; each run trains on its own subset."""
 
     model: CausalTransformer
     init_run: Callable
@@ -143,9 +143,9 @@ class Batch(NamedTuple):
     train_config: TrainConfig
 
 
-def make_batch(
+def make_group(
     task: ar.ArithmeticTask, method: Method, fraction: float, seeds: Sequence[int], config: ArithmeticConfig
-) -> Batch:
+) -> GroupInputs:
     """The one-run init and loss of (op, fraction, method), and every seed's key, training and evaluation
     sequences."""
     prior = mask_logits(task, method, config)
@@ -156,7 +156,7 @@ def make_batch(
     open_HNN = jnp.broadcast_to(
         jnp.asarray(ar.place_value_pattern(task), jnp.float32), (config.model.heads, *prior.shape)
     )
-    target_HNN = jnp.broadcast_to(jnp.asarray(priors.row_distribution(prior), jnp.float32), open_HNN.shape)
+    target_HNN = jnp.broadcast_to(jnp.asarray(mask_patterns.row_distribution(prior), jnp.float32), open_HNN.shape)
 
     init_run = runs.prior_init(
         lambda: make_model(task, method, config, prior),
@@ -171,10 +171,10 @@ def make_batch(
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
 
     train_config = config.train_config(train_BNL.shape[1])
-    return Batch(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config)
+    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config)
 
 
-def run_batch(
+def run_group(
     task: ar.ArithmeticTask,
     method: Method,
     fraction: float,
@@ -184,8 +184,8 @@ def run_batch(
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
 ) -> list[dict]:
-    """Train (op, fraction, method) for every seed as one vmapped batch; one record per seed."""
-    batch = make_batch(task, method, fraction, seeds, config)
+    """Train (op, fraction, method) for every seed as one vmapped group; one record per seed."""
+    batch = make_group(task, method, fraction, seeds, config)
     model, train_config, eval_BNL = batch.model, batch.train_config, batch.eval_data
     n_train = batch.data.shape[1]
     started = time.time()
@@ -317,7 +317,7 @@ class ArithmeticStudy(Study):
 
     def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
         task, fraction, method = group.items
-        return run_batch(task, method, fraction, plan.seeds, plan.config, log, checkpoints, resume), {}
+        return run_group(task, method, fraction, plan.seeds, plan.config, log, checkpoints, resume), {}
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)

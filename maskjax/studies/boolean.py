@@ -1,4 +1,4 @@
-"""The Boolean GOTU study: every (task, method) pair is one vmapped batch over its seeds."""
+"""The Boolean GOTU study: every (task, method) pair is one vmapped group over its seeds."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, overrides, plots, priors, probes, runs, tables
+from maskjax import discover, mask_patterns, overrides, plots, probes, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
@@ -42,7 +42,7 @@ from maskjax.train import (
     mask_decay_option,
     optimizer_option,
     to_host,
-    train_batch,
+    train_group,
     variables_of,
 )
 
@@ -58,7 +58,7 @@ class BooleanConfig:
     weight_decay: float = option(1e-3, minimum=0, help="weight decay of every parameter")
     open_value: float = option(10.0, flag="open", help="mask logit of open entries")
     closed_value: float = option(-10.0, flag="closed", help="mask logit of closed entries")
-    row_policy: str = option("diagonal", help=f"mask rows outside the groups: {', '.join(priors.ROW_POLICIES)}")
+    row_policy: str = option("diagonal", help=f"mask rows outside the groups: {', '.join(mask_patterns.ROW_POLICIES)}")
     chunk_steps: int = option(200, help="steps per compiled chunk (probes and checkpoints fall between chunks)")
     eval_batch: int = option(4096, help="cube points scored at once")
     steps: int | None = option(None, help="training steps, overriding every task's epochs")
@@ -262,11 +262,12 @@ def learned_recovery(task: BooleanTask, config: BooleanConfig) -> dict:
 def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
     """The attention the oracle mask asks for, softmax(log_sigmoid(M)) per row: [tokens, tokens]."""
     pattern = oracle_pattern(task, config)
-    return priors.row_distribution(np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value)))
+    logits = mask_patterns.mask_logits(pattern, config.open_value, config.closed_value)
+    return mask_patterns.row_distribution(np.asarray(logits))
 
 
-class Batch(NamedTuple):
-    """Everything `train` needs for one (task, method) batch, plus what evaluation reuses."""
+class GroupInputs(NamedTuple):
+    """Everything `train` needs for one (task, method) group, plus what evaluation reuses."""
 
     model: GotuTransformer
     init_run: Callable
@@ -278,13 +279,13 @@ class Batch(NamedTuple):
     train_config: TrainConfig
 
 
-def make_batch(
+def make_group(
     task: BooleanTask,
     method: Method,
     seeds: Sequence[int],
     config: BooleanConfig,
     mask_values: Sequence[tuple[float, float]] | None = None,
-) -> Batch:
+) -> GroupInputs:
     """The one-run init and loss of (task, method) and the per-run inputs of every seed."""
     if mask_values is not None and len(mask_values) != len(seeds):
         raise ConfigError(f"{len(mask_values)} mask values for {len(seeds)} runs")
@@ -315,10 +316,10 @@ def make_batch(
         x, y = batch
         return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
-    return Batch(model, init_run, loss, runs.seed_keys(seeds), run_masks, values, data, config.train_config(task))
+    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), run_masks, values, data, config.train_config(task))
 
 
-def run_batch(
+def run_group(
     task: BooleanTask,
     method: Method,
     seeds: Sequence[int],
@@ -328,12 +329,12 @@ def run_batch(
     resume: bool = False,
     mask_values: Sequence[tuple[float, float]] | None = None,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train one (task, method) over all runs as one vmapped batch; return records and attention maps.
+    """Train one (task, method) over all runs as one vmapped group; return records and attention maps.
 
     Run i has seed seeds[i] and, when mask_values is given, open / closed logits mask_values[i]:
     numbers only, so a whole contrast grid shares one compiled program.
     """
-    batch = make_batch(task, method, seeds, config, mask_values)
+    batch = make_group(task, method, seeds, config, mask_values)
     model, train_config, values = batch.model, batch.train_config, batch.mask_values
     points = cube(task.n_bits)
     seen = np.asarray(task.seen(points), bool)
@@ -341,7 +342,7 @@ def run_batch(
     target = oracle_target(task, config)
     started = time.time()
     probe = drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size))
-    trained = train_batch(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
+    trained = train_group(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
     initial, final, drift, drift_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
 
     @jax.jit
@@ -416,9 +417,9 @@ class MapPoints:
 def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int], config: BooleanConfig) -> list[float]:
     """Each seed's pattern_error_init without training: how well layer 0 matches the oracle target at init.
 
-    The runs are initialised exactly as `run_batch` initialises them, so the numbers are the same.
+    The runs are initialised exactly as `run_group` initialises them, so the numbers are the same.
     """
-    batch = make_batch(task, method, seeds, config)
+    batch = make_group(task, method, seeds, config)
     program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
     initial = init_runs(program, batch.run_keys, (batch.run_masks,))
     on_maps = MapPoints(task, batch.model)
@@ -535,8 +536,8 @@ def plot_task(out: Path, task: BooleanTask, config: BooleanConfig, maps: dict[st
 
 
 def check_config(config: BooleanConfig) -> None:
-    if config.row_policy not in priors.ROW_POLICIES:
-        raise ConfigError(f"unknown row policy {config.row_policy!r}; known: {', '.join(priors.ROW_POLICIES)}")
+    if config.row_policy not in mask_patterns.ROW_POLICIES:
+        raise ConfigError(f"unknown row policy {config.row_policy!r}; known: {', '.join(mask_patterns.ROW_POLICIES)}")
 
 
 class BooleanStudy(Study):
@@ -588,7 +589,7 @@ class BooleanStudy(Study):
 
     def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
         task, method = group.items
-        return run_batch(task, method, plan.seeds, plan.config, log, checkpoints, resume)
+        return run_group(task, method, plan.seeds, plan.config, log, checkpoints, resume)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         return summary_markdown(records, reference), tables.summary_table(reference + records, KEYS, ("task", "method"))

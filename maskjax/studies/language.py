@@ -1,4 +1,4 @@
-"""The language study: a small causal LM per (corpus, method), all seeds one vmapped batch.
+"""The language study: a small causal LM per (corpus, method), all seeds one vmapped group.
 
 The prior is the paper's relative-distance mask used as log_sigmoid(s * M): by default one learnable
 logit per head and distance (a Toeplitz bias, `mask`), or one per entry (`mask_full`); `alibi` is the
@@ -31,7 +31,7 @@ from maskjax.models.layers import ModelConfig
 from maskjax.overrides import option
 from maskjax.study import Group, Plan, Study
 from maskjax.tasks import language as lt
-from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_batch, variables_of
+from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_group, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +224,7 @@ def mask_profiles(model: CausalTransformer, method: Method, variables: dict) -> 
     return (gathered * visible).sum(-2) / visible.sum(-2)
 
 
-def run_batch(
+def run_group(
     data: LanguageData,
     method: Method,
     seeds: Sequence[int],
@@ -233,9 +233,9 @@ def run_batch(
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train (corpus, method) for every seed as one vmapped batch. Returns one record per seed and, for the
+    """Train (corpus, method) for every seed as one vmapped group. Returns one record per seed and, for the
     plots, seed 0's bias per layer, head and distance at init and after training."""
-    batch = make_batch(data, method, seeds, config)
+    batch = make_group(data, method, seeds, config)
     model, train_config = batch.model, batch.train_config
     val_x = jnp.asarray(data.val[: config.val_windows])
     val_w = jnp.asarray(data.val_weights[: config.val_windows])
@@ -255,7 +255,7 @@ def run_batch(
         return out
 
     started = time.time()
-    trained = train_batch(
+    trained = train_group(
         batch,
         f"{data.corpus} {method.name}",
         log,
@@ -294,8 +294,8 @@ def run_batch(
     return records, maps
 
 
-class Batch(NamedTuple):
-    """What `train.train_batch` needs for one (corpus, method) batch, and the model evaluation reuses."""
+class GroupInputs(NamedTuple):
+    """What `train.train_group` needs for one (corpus, method) group, and the model evaluation reuses."""
 
     model: CausalTransformer
     init_run: Callable
@@ -306,7 +306,7 @@ class Batch(NamedTuple):
     train_config: TrainConfig
 
 
-def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config: LanguageConfig) -> Batch:
+def make_group(data: LanguageData, method: Method, seeds: Sequence[int], config: LanguageConfig) -> GroupInputs:
     """The one-run init and loss of (corpus, method) and every seed's key and initial mask; all runs share
     the training windows."""
     model = make_model(data.vocab_size, method, config)
@@ -324,7 +324,7 @@ def make_batch(data: LanguageData, method: Method, seeds: Sequence[int], config:
         return window_nll(model.apply(variables_of(params, constants), windows_BW[:, :-1]), windows_BW).mean()
 
     run_masks = jnp.asarray(np.stack([initial_mask(method, config)] * len(seeds)))
-    return Batch(model, init_run, loss, runs.seed_keys(seeds), run_masks, train_windows, config.train_config())
+    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), run_masks, train_windows, config.train_config())
 
 
 def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
@@ -421,7 +421,7 @@ class LanguageStudy(Study):
 
     def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
         (method,) = group.items
-        return run_batch(plan.data, method, plan.seeds, plan.config, log, checkpoints, resume)
+        return run_group(plan.data, method, plan.seeds, plan.config, log, checkpoints, resume)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)

@@ -1,4 +1,4 @@
-"""The vision study: a ViT per (dataset, training fraction, method), all seeds one vmapped batch.
+"""The vision study: a ViT per (dataset, training fraction, method), all seeds one vmapped group.
 
 With the full training set every run shares the data; with a fraction each seed draws its own
 class-balanced subset (the data then carries the runs axis). Augmentation (random crop, flip) runs
@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import plots, priors, probes, runs, tables
+from maskjax import mask_patterns, plots, probes, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data import images
 from maskjax.data.images import ImageData
@@ -31,7 +31,7 @@ from maskjax.models.vit import ViT
 from maskjax.overrides import option
 from maskjax.study import Group, Plan, Study
 from maskjax.tasks import vision as vt
-from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_batch, variables_of
+from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_group, variables_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,14 +157,14 @@ def qk_target(task: vt.VisionTask, method: Method, config: VisionConfig) -> tupl
         count = pattern.sum(-1, keepdims=True)
         return pattern, np.where(count > 0, pattern / np.maximum(count, 1), 1.0 / pattern.shape[-1])
     pattern = vt.mask_pattern(task, "oracle")
-    logits = np.asarray(priors.mask_logits(pattern, config.open_value, config.closed_value))
+    logits = np.asarray(mask_patterns.mask_logits(pattern, config.open_value, config.closed_value))
     return np.broadcast_to(pattern, (heads, *pattern.shape)), np.broadcast_to(
-        priors.row_distribution(logits), (heads, *pattern.shape)
+        mask_patterns.row_distribution(logits), (heads, *pattern.shape)
     )
 
 
-class Batch(NamedTuple):
-    """What `train` needs for one (dataset, fraction, method) batch, and what evaluation reuses."""
+class GroupInputs(NamedTuple):
+    """What `train` needs for one (dataset, fraction, method) group, and what evaluation reuses."""
 
     task: vt.VisionTask
     model: ViT
@@ -181,7 +181,9 @@ class Batch(NamedTuple):
     std: jax.Array
 
 
-def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig) -> Batch:
+def make_group(
+    data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig
+) -> GroupInputs:
     """The one-run init, loss and augmentation of (dataset, fraction, method) and every seed's inputs: its
     key, its initial mask and, below the full set, its own class-balanced training subset."""
     task = make_task(data, config)
@@ -217,7 +219,7 @@ def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence
         return vt.augment(key, images, config.crop_pad, task.flip), labels
 
     train_config = config.train_config(len(subsets[0]))
-    return Batch(
+    return GroupInputs(
         task,
         model,
         init_run,
@@ -234,7 +236,7 @@ def make_batch(data: ImageData, method: Method, fraction: float, seeds: Sequence
     )
 
 
-def run_batch(
+def run_group(
     data: ImageData,
     method: Method,
     fraction: float,
@@ -244,10 +246,10 @@ def run_batch(
     checkpoints: SweepCheckpoints | None = None,
     resume: bool = False,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train (dataset, fraction, method) for every seed as one vmapped batch. Returns one record per
+    """Train (dataset, fraction, method) for every seed as one vmapped group. Returns one record per
     seed and, for the plots, seed 0's masks [layers, heads, N, N] at init and after training and its
     attention on the first test image."""
-    batch = make_batch(data, method, fraction, seeds, config)
+    batch = make_group(data, method, fraction, seeds, config)
     model, mean, std, train_config = batch.model, batch.mean, batch.std, batch.train_config
     n_train = batch.data[1].shape[-1]
     probe_x = jnp.asarray(data.test_images[: config.probe_images])
@@ -273,7 +275,7 @@ def run_batch(
 
     started = time.time()
     label = f"{data.name} {fraction:g} {method.name}"
-    trained = train_batch(
+    trained = train_group(
         batch, label, log, checkpoints, resume, probe=probe, data_per_run=batch.data_per_run, augment=batch.augment
     )
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
@@ -438,7 +440,7 @@ class VisionStudy(Study):
 
     def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
         fraction, method = group.items
-        return run_batch(plan.data.images, method, fraction, plan.seeds, plan.config, log, checkpoints, resume)
+        return run_group(plan.data.images, method, fraction, plan.seeds, plan.config, log, checkpoints, resume)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax.errors import ConfigError
 
 
@@ -37,13 +37,14 @@ def mask_pattern(task: BooleanTask, kind: str, row_policy: str = "diagonal", see
     """The task's mask pattern of a kind, over [CLS, bits]: "oracle" (its interacting groups),
     "misspecified" (the groups moved onto bits that do not interact) or "random" (as many open entries at
     random, drawn from seed). The pattern read off the training data is `maskjax.discover.task_pattern`."""
-    oracle = priors.group_pattern(task.n_bits, task.groups, row_policy)
+    oracle = mask_patterns.group_pattern(task.n_bits, task.groups, row_policy)
     if kind == "oracle":
         return oracle
     if kind == "misspecified":
-        return priors.group_pattern(task.n_bits, priors.misspecified_groups(task.n_bits, task.groups), row_policy)
+        groups = mask_patterns.misspecified_groups(task.n_bits, task.groups)
+        return mask_patterns.group_pattern(task.n_bits, groups, row_policy)
     if kind == "random":
-        return priors.random_pattern(oracle, seed)
+        return mask_patterns.random_pattern(oracle, seed)
     raise ConfigError(f"no {kind!r} mask pattern for a Boolean task; known: {', '.join(MASK_KINDS)}, learned")
 
 

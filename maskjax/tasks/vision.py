@@ -1,7 +1,7 @@
 """Image classification as a maskjax task: the patch grid, its mask patterns and on-device augmentation.
 
 Images stay uint8 on the device; `normalise` scales them inside the step. The mask prior is the 2D
-locality pattern on the patch grid (`priors.locality_pattern`); its placebo spreads the same number of
+locality pattern on the patch grid (`mask_patterns.locality_pattern`); its placebo spreads the same number of
 open entries per row at random; the impulse heads' shifted identities are the target of the impulse
 QK initialisation.
 """
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import priors
+from maskjax import mask_patterns
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
 
@@ -63,20 +63,20 @@ def task_of(data: ImageData, patch_size: int, radius: int = 1, cls: bool = False
 
 
 def mask_pattern(task: VisionTask, kind: str, seed: int = 0) -> np.ndarray:
-    """ "oracle": the locality pattern (CLS row and column open, `priors.CLS_POLICIES["open"]`);
+    """ "oracle": the locality pattern (CLS row and column open, `mask_patterns.CLS_POLICIES["open"]`);
     "random": as many open entries per row, placed at random from seed."""
-    oracle = priors.locality_pattern(task.grid, task.radius, "open" if task.cls else None)
+    oracle = mask_patterns.locality_pattern(task.grid, task.radius, "open" if task.cls else None)
     if kind == "oracle":
         return oracle
     if kind == "random":
-        return priors.random_rows(oracle, seed)
+        return mask_patterns.random_rows(oracle, seed)
     raise ConfigError(f"no {kind!r} mask pattern for a vision task; known: {', '.join(MASK_KINDS)}")
 
 
 def impulse_pattern(task: VisionTask, heads: int) -> np.ndarray:
-    """Each head's shifted identity on the patch grid [heads, tokens, tokens] (`priors.impulse_patterns`);
+    """Each head's shifted identity on the patch grid [heads, tokens, tokens] (`mask_patterns.impulse_patterns`);
     with a CLS token, the CLS row and column attend only to themselves."""
-    patches = priors.impulse_patterns(task.grid, heads)
+    patches = mask_patterns.impulse_patterns(task.grid, heads)
     if not task.cls:
         return patches
     out = np.zeros((heads, task.tokens, task.tokens), bool)
