@@ -79,3 +79,11 @@ def test_run_refuses_bad_seeds_before_anything_is_written(tmp_path, seeds):
     with pytest.raises(ConfigError, match="at least one seed"):
         run(boolean.STUDY, "test", tmp_path / "o", seeds=seeds)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda s: s.name)
+def test_every_preset_and_default_scope_meets_its_own_bounds(study):
+    for config in study.presets.values():
+        overrides.check(config)
+    overrides.check(study.scope_type())
+    assert study.default_preset in study.presets and "test" in study.presets
