@@ -1,4 +1,4 @@
-"""The mask on 2Parity in PyTorch: python -m benchmarks.gotu_crosscheck [--seeds=4] [--width=32] [--depth=2] [--out=DIR]
+"""The mask on 2Parity in PyTorch: python -m benchmarks.gotu_crosscheck [--seeds=4] [--dim=32] [--depth=2] [--out=DIR]
 
 Trains the GOTU reference transformer in PyTorch (`benchmarks.torch_gotu`) on 2Parity's seen region, per
 method (vanilla, mask, mask_fixed by default) and seed, with the paper's optimizer (Adam, L2 weight decay,
@@ -24,18 +24,27 @@ from typing import Any
 import numpy as np
 
 from benchmarks import torch_gotu
-from experiments.cli import Parser, add_seeds, name_list, positive_float, positive_int, progress, run_main
+from experiments.cli import (
+    Parser,
+    add_field_flags,
+    add_seeds,
+    given,
+    name_list,
+    positive_float,
+    positive_int,
+    progress,
+    run_main,
+)
 from maskjax import runs, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
+from maskjax.models.layers import ModelConfig
 from maskjax.studies import boolean
 from maskjax.tasks.boolean import BooleanTask, cube, get_task, pair_coefficient, scores
 from maskjax.train import TrainConfig
 
 TASK = "2parity"
 METHODS = ("vanilla", "mask", "mask_fixed")
-# Flag -> ModelConfig field.
-MODEL_FLAGS = {"width": "dim", "depth": "depth", "heads": "heads", "head_dim": "head_dim", "mlp_dim": "mlp_dim"}
 EVAL_BATCH = 4096
 PER_SEED_KEYS = ("acc_all", "acc_unseen", "train_loss", "pair_coefficient", "unseen_from_t", "unseen_mean_prediction")
 
@@ -45,12 +54,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_seeds(p, 4)
     p.add_argument("--methods", type=name_list, default=list(METHODS), help=f"default {','.join(METHODS)}")
     p.add_argument("--preset", default="quick", help="Boolean preset giving the defaults below (default quick)")
-    for flag, field in MODEL_FLAGS.items():
-        p.add_argument(f"--{flag.replace('_', '-')}", type=positive_int, help=f"model {field} (default: the preset's)")
+    add_field_flags(p, ModelConfig, "model", "model (default: the preset's)", exclude=("dtype",))
     p.add_argument(
         "--learning-rate",
         type=positive_float,
-        help="Adam's (default: the preset's 2Parity rate x preset width / --width, the 1/width rule it is scaled by)",
+        help="Adam's (default: the preset's 2Parity rate x preset width / --dim, the 1/width rule it is scaled by)",
     )
     p.add_argument("--epochs", type=positive_int, help="default: the preset's 2Parity epochs")
     p.add_argument(
@@ -68,9 +76,7 @@ def crosscheck_config(args: argparse.Namespace) -> boolean.BooleanConfig:
     """The preset with the model flags, and its 2Parity schedule at the chosen width; --epochs replaces a
     preset's fixed step count."""
     config = boolean.get_preset(args.preset)
-    model = dataclasses.replace(
-        config.model, **{field: v for flag, field in MODEL_FLAGS.items() if (v := getattr(args, flag)) is not None}
-    )
+    model = dataclasses.replace(config.model, **{path[0]: v for path, v in given(args, "model").items()})
     learning_rate, epochs = config.schedules[TASK]
     schedule = (args.learning_rate or learning_rate * config.model.dim / model.dim, args.epochs or epochs)
     steps = None if args.epochs else config.steps
