@@ -90,26 +90,7 @@ def add_seeds(parser: argparse.ArgumentParser, default: int) -> None:
     )
 
 
-def _float(text: str, accept: Callable[[float], bool], expected: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not accept(value):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    return _float(text, lambda v: bool(np.isfinite(v)) and v > 0, "a finite number > 0")
-
-
-def finite_float(text: str) -> float:
-    return _float(text, lambda v: bool(np.isfinite(v)), "a finite number")
-
-
-def non_negative_float(text: str) -> float:
-    return _float(text, lambda v: bool(np.isfinite(v)) and v >= 0, "a finite number >= 0")
+positive_float = overrides.flag_type(float, {"above": 0}, "positive_float")
 
 
 def name_list(text: str) -> list[str]:
