@@ -33,3 +33,16 @@ def test_no_import_circle():
 
     for name in graph:
         visit(name, [name])
+
+
+def test_the_library_never_imports_the_clis_and_each_study_cli_is_an_alias():
+    """Layers: experiments/ sits on maskjax/, never the reverse; a study's CLI only binds its study to the driver."""
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            assert not any(n.startswith(("experiments", "benchmarks")) for n in names), path
+    for study in ("boolean", "arithmetic", "vision", "language"):
+        tree = ast.parse((PACKAGE.parent / "experiments" / f"{study}.py").read_text())
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert modules == {"experiments", f"maskjax.studies.{study}"}, (study, modules)
