@@ -72,11 +72,9 @@ def toeplitz_logits(relative_HD: jax.Array, q_len: int, kv_len: int) -> jax.Arra
     """M[h, i, j] = m[h, i - j + kv_len - q_len] from one logit per head and offset, relative_HD [heads, kv_len].
 
     Entries above the causal diagonal (negative offsets) take offset 0's value: a causal mask hides them,
-    so they never reach the softmax or the gradient."""
-    if relative_HD.shape[-1] < kv_len:
-        raise ConfigError(f"relative mask of {relative_HD.shape[-1]} offsets cannot cover {kv_len} keys")
-    offsets = jnp.arange(q_len)[:, None] - jnp.arange(kv_len)[None, :] + (kv_len - q_len)
-    return relative_HD[..., jnp.clip(offsets, 0, None)]
+    so they never reach the softmax or the gradient. The causal case of `relative_logits`, queries at the
+    last q_len positions."""
+    return relative_logits(relative_HD, q_len, kv_len)[0]
 
 
 def relative_logits(
