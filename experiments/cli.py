@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import typing
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -224,9 +223,7 @@ def add_field_flags(
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             help_text += f" (default {shown})"
         options: dict[str, Any] = {"dest": f"{dest}.{field.name}", "default": argparse.SUPPRESS, "help": help_text}
-        choices = field.meta.get("choices") or (
-            typing.get_args(field.kind) if typing.get_origin(field.kind) is typing.Literal else None
-        )
+        choices = overrides.choices_of(field.kind, field.meta)
         if field.kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif choices:

@@ -99,51 +99,75 @@ def _bounds(value: float, meta: typing.Mapping[str, Any], integer: bool, text: s
         raise BadValue(what, text)
 
 
+def choices_of(kind: Any, meta: typing.Mapping[str, Any]) -> tuple | None:
+    """The closed list of values a field takes: a Literal's, or its option's `choices`; None for any."""
+    return typing.get_args(kind) if typing.get_origin(kind) is typing.Literal else meta.get("choices")
+
+
 def convert(text: str, kind: Any, meta: typing.Mapping[str, Any] = types.MappingProxyType({})) -> Any:
     """`text` as a value of `kind` (int, float, str, bool, Path, a Literal, a tuple of one of these, or any of
-    these or None), within `meta`'s bounds and choices; BadValue otherwise."""
+    these or None), within `meta`'s bounds and choices (`validate`); BadValue otherwise."""
     origin = typing.get_origin(kind)
     if origin in (typing.Union, types.UnionType):
-        options = [o for o in typing.get_args(kind) if o is not type(None)]
         if type(None) in typing.get_args(kind) and text.strip().lower() == "none":
             return None
-        if len(options) == 1:
-            return convert(text, options[0], meta)
-        raise BadValue(" or ".join(map(str, options)), text)
+        return convert(text, _optional(kind), meta)
     if origin is tuple:
-        element = typing.get_args(kind)[0]
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
             raise BadValue("a comma-separated list", text)
-        return tuple(convert(t, element, meta) for t in items)
-    choices = typing.get_args(kind) if origin is typing.Literal else meta.get("choices")
-    if choices is not None and text not in choices:
-        raise BadValue(f"one of {', '.join(map(str, choices))}", text)
+        return tuple(convert(t, typing.get_args(kind)[0], meta) for t in items)
     if origin is typing.Literal or kind is str:
-        return text
-    if kind is Path:
-        return Path(text)
-    if kind is bool:
-        if text.lower() in _TRUE + _FALSE:
-            return text.lower() in _TRUE
-        raise BadValue("true or false", text)
-    if kind is int:
+        value: Any = text
+    elif kind is Path:
+        value = Path(text)
+    elif kind is bool:
+        if text.lower() not in _TRUE + _FALSE:
+            raise BadValue("true or false", text)
+        value = text.lower() in _TRUE
+    elif kind is int:
         try:
             value = int(text)
         except ValueError:
             raise BadValue("an integer", text) from None
-        _bounds(value, meta, integer=True, text=text)
-        return value
-    if kind is float:
+    elif kind is float:
         try:
-            number = float(text)
+            value = float(text)
         except ValueError:
             raise BadValue("a number", text) from None
-        if not math.isfinite(number):
-            raise BadValue("a finite number", text)
-        _bounds(number, meta, integer=False, text=text)
-        return number
-    raise BadValue(f"a value of type {kind}, which cannot be set from text", text)
+    else:
+        raise BadValue(f"a value of type {kind}, which cannot be set from text", text)
+    validate(value, kind, meta, text)
+    return value
+
+
+def _optional(kind: Any) -> Any:
+    """X of `X | None`; a union of two or more types has no text form."""
+    options = [o for o in typing.get_args(kind) if o is not type(None)]
+    if len(options) != 1:
+        raise BadValue(" or ".join(map(str, options)), kind)
+    return options[0]
+
+
+def validate(value: Any, kind: Any, meta: typing.Mapping[str, Any], text: str) -> None:
+    """Refuse a value of `kind` outside its choices or bounds (floats must be finite); `text` is how the
+    message shows it. The one test behind `convert` (values from text) and `check` (values from Python)."""
+    origin = typing.get_origin(kind)
+    if value is None and origin in (typing.Union, types.UnionType):
+        return
+    if origin in (typing.Union, types.UnionType):
+        return validate(value, _optional(kind), meta, text)
+    if origin is tuple:
+        for v in value:
+            validate(v, typing.get_args(kind)[0], meta, repr(v))
+        return
+    choices = choices_of(kind, meta)
+    if choices is not None and value not in choices:
+        raise BadValue(f"one of {', '.join(map(str, choices))}", text)
+    if kind is float and not math.isfinite(value):
+        raise BadValue("a finite number", text)
+    if kind in (int, float):
+        _bounds(value, meta, integer=kind is int, text=text)
 
 
 def flag_type(kind: Any, meta: typing.Mapping[str, Any] = types.MappingProxyType({}), name: str = "value"):
@@ -226,12 +250,7 @@ def check(config: Any) -> None:
     dataclasses.replace): the same test a flag or --set applies to text."""
     for field in fields_of(type(config)):
         value = get(config, field.path)
-        if value is None:
-            continue
-        values = value if isinstance(value, tuple) else (value,)
-        kind = typing.get_args(field.kind)[0] if typing.get_origin(field.kind) is tuple else field.kind
-        for v in values:
-            try:
-                convert(str(v) if not isinstance(v, float) else repr(v), kind, field.meta)
-            except BadValue as e:
-                raise ConfigError(f"{field.name} expects {e.expected}, got {v!r}") from None
+        try:
+            validate(value, field.kind, field.meta, repr(value))
+        except BadValue as e:
+            raise ConfigError(f"{field.name} expects {e.expected}, got {e.text}") from None
