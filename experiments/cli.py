@@ -15,7 +15,7 @@ import numpy as np
 from maskjax import overrides, runtime, store
 from maskjax.errors import ConfigError
 from maskjax.methods import methods_for
-from maskjax.runner import RunControl, progress, run
+from maskjax.runner import SEEDS_EXPECTED, RunControl, progress, run, seeds_ok
 from maskjax.runs import get_preset
 from maskjax.study import Study
 
@@ -75,8 +75,8 @@ def seed_list(text: str) -> list[int]:
             seeds = list(range(int(text)))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a count N, a list 3,5,9 or a range 8:16, got {text!r}") from None
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"expected at least one seed, none negative or repeated, got {text!r}")
+    if not seeds_ok(seeds):
+        raise argparse.ArgumentTypeError(f"{SEEDS_EXPECTED}, got {text!r}")
     return seeds
 
 

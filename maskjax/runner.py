@@ -28,6 +28,14 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+SEEDS_EXPECTED = "expected at least one seed, none negative or repeated"
+
+
+def seeds_ok(seeds: Sequence[int]) -> bool:
+    """A sweep's seeds: at least one, none negative, none twice (a repeated seed is the same run)."""
+    return bool(seeds) and min(seeds) >= 0 and len(set(seeds)) == len(seeds)
+
+
 class SweepError(ConfigError):
     """An output folder that cannot be used as asked (another config, nothing to resume)."""
 
@@ -221,8 +229,8 @@ def run(
     overrides.check(scope)
     names = list(study.default_methods if methods is None else methods)
     seeds = tuple(range(study.default_seeds) if seeds is None else seeds)
-    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
-        raise ConfigError(f"expected at least one seed, none negative or repeated, got {list(seeds)}")
+    if not seeds_ok(seeds):
+        raise ConfigError(f"{SEEDS_EXPECTED}, got {list(seeds)}")
     study.check(config, scope)
     resolved = tuple(study.resolve_methods(names, config, scope))
     out = store.ensure_writable_dir(Path(out))
