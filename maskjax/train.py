@@ -58,6 +58,22 @@ def optimizer_option(default: str) -> Any:
     )
 
 
+def cosine_train_config(config: Any, steps: int, batch_size: int, **options: Any) -> TrainConfig:
+    """The TrainConfig of a study config whose fields name its optimizer (learning_rate, weight_decay,
+    chunk_steps, optimizer, mask_weight_decay), with cosine decay; options: warmup_steps, clip_norm."""
+    return TrainConfig(
+        steps,
+        batch_size,
+        config.learning_rate,
+        config.weight_decay,
+        config.chunk_steps,
+        optimizer=config.optimizer,
+        schedule="cosine",
+        mask_weight_decay=config.mask_weight_decay,
+        **options,
+    )
+
+
 def mask_decay_option() -> Any:
     """A study config's mask_weight_decay field."""
     return option(

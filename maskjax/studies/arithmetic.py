@@ -27,7 +27,15 @@ from maskjax.models.layers import ModelConfig
 from maskjax.overrides import option
 from maskjax.study import Group, Plan, Study
 from maskjax.tasks import arithmetic as ar
-from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train, variables_of
+from maskjax.train import (
+    TrainConfig,
+    cosine_train_config,
+    mask_decay_option,
+    optimizer_option,
+    to_host,
+    train,
+    variables_of,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,16 +61,7 @@ class ArithmeticConfig:
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
         steps = self.steps if self.steps is not None else self.epochs * (n_train // batch)
-        return TrainConfig(
-            steps,
-            batch,
-            self.learning_rate,
-            self.weight_decay,
-            self.chunk_steps,
-            optimizer=self.optimizer,
-            schedule="cosine",
-            mask_weight_decay=self.mask_weight_decay,
-        )
+        return cosine_train_config(self, steps, batch)
 
 
 PRESETS: dict[str, ArithmeticConfig] = {

@@ -31,7 +31,15 @@ from maskjax.models.layers import ModelConfig
 from maskjax.overrides import option
 from maskjax.study import Group, Plan, Study
 from maskjax.tasks import language as lt
-from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_group, variables_of
+from maskjax.train import (
+    TrainConfig,
+    cosine_train_config,
+    mask_decay_option,
+    optimizer_option,
+    to_host,
+    train_group,
+    variables_of,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,18 +71,8 @@ class LanguageConfig:
     mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            self.steps,
-            self.batch_size,
-            self.learning_rate,
-            self.weight_decay,
-            self.chunk_steps,
-            optimizer=self.optimizer,
-            schedule="cosine",
-            mask_weight_decay=self.mask_weight_decay,
-            warmup_steps=int(self.warmup_fraction * self.steps),
-            clip_norm=self.clip_norm,
-        )
+        warmup = int(self.warmup_fraction * self.steps)
+        return cosine_train_config(self, self.steps, self.batch_size, warmup_steps=warmup, clip_norm=self.clip_norm)
 
 
 PRESETS: dict[str, LanguageConfig] = {

@@ -31,7 +31,15 @@ from maskjax.models.vit import ViT
 from maskjax.overrides import option
 from maskjax.study import Group, Plan, Study
 from maskjax.tasks import vision as vt
-from maskjax.train import TrainConfig, mask_decay_option, optimizer_option, to_host, train_group, variables_of
+from maskjax.train import (
+    TrainConfig,
+    cosine_train_config,
+    mask_decay_option,
+    optimizer_option,
+    to_host,
+    train_group,
+    variables_of,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,18 +76,7 @@ class VisionConfig:
         batch = min(self.batch_size, n_train)
         steps = self.steps if self.steps is not None else max(self.epochs * (n_train // batch), self.min_steps)
         warmup = int(self.warmup_fraction * steps)
-        return TrainConfig(
-            steps,
-            batch,
-            self.learning_rate,
-            self.weight_decay,
-            self.chunk_steps,
-            optimizer=self.optimizer,
-            schedule="cosine",
-            mask_weight_decay=self.mask_weight_decay,
-            warmup_steps=warmup,
-            clip_norm=self.clip_norm,
-        )
+        return cosine_train_config(self, steps, batch, warmup_steps=warmup, clip_norm=self.clip_norm)
 
 
 PRESETS: dict[str, VisionConfig] = {
