@@ -293,20 +293,25 @@ def nnx_mask_logits(
 
 
 def mask_shape(mask_structure: MaskStructure, heads: int, length: int, causal: bool = True) -> tuple[int, ...]:
-    """The stored shape of a mask: [heads, N, N] for "full", [heads, N] (one per offset) for "toeplitz".
-
-    A Toeplitz mask holds offsets i - j >= 0 only, so it needs a causal model: without one, future keys would
-    be biased by the diagonal's logit."""
+    """The stored shape of a mask: [heads, N, N] (full), [heads, N] (causal relative: distances 0..N - 1) or
+    [heads, 2 N - 1] (relative, a logit per past and future offset)."""
     if mask_structure == "full":
         return (heads, length, length)
     if mask_structure == "toeplitz":
-        if not causal:
-            raise ConfigError(
-                "mask_structure='toeplitz' holds one logit per offset i - j >= 0 and so needs causal=True; "
-                "use mask_structure='full' for attention that sees future keys"
-            )
-        return (heads, length)
+        return (heads, length) if causal else (heads, 2 * length - 1)
     raise ConfigError(f"unknown mask_structure {mask_structure!r}; expected 'full' or 'toeplitz'")
+
+
+def causal_mask_shape(mask_structure: MaskStructure, heads: int, length: int, causal: bool) -> tuple[int, ...]:
+    """`mask_shape` for this module's attention layers, whose relative mask (`toeplitz_logits`) holds offsets
+    i - j >= 0 only and so needs a causal model: without one, future keys would be biased by the diagonal's
+    logit."""
+    if mask_structure == "toeplitz" and not causal:
+        raise ConfigError(
+            "mask_structure='toeplitz' holds one logit per offset i - j >= 0 and so needs causal=True; "
+            "use mask_structure='full' for attention that sees future keys"
+        )
+    return mask_shape(mask_structure, heads, length, causal)
 
 
 def expand_mask(mask_logits: jax.Array | None, length: int) -> jax.Array | None:
@@ -387,7 +392,7 @@ class MaskedSelfAttention(nn.Module):
         if self.qk_norm:
             q = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="q_norm")(q)
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
-        shape = mask_shape(self.mask_structure, self.heads, length, self.causal)
+        shape = causal_mask_shape(self.mask_structure, self.heads, length, self.causal)
         mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
         if use_fused(self.attention_impl, self.is_mutable_collection("intermediates")):
             out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
@@ -451,7 +456,7 @@ class NNXMaskedSelfAttention(nnx.Module):
         self.q_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
         self.k_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
         self.mask_logits = nnx_mask_logits(
-            mask_mode, mask_init, mask_shape(mask_structure, heads, length, causal), rngs
+            mask_mode, mask_init, causal_mask_shape(mask_structure, heads, length, causal), rngs
         )
 
     def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None, *, sow_weights: bool = False) -> jax.Array:

@@ -26,6 +26,7 @@ from maskjax.attention import (
     as_initializer,
     linen_mask_logits,
     mask_bias,
+    mask_shape,
     nnx_mask_logits,
     relative_logits,
 )
@@ -255,16 +256,6 @@ def check_bias_mode(owner: str, mask_mode: str) -> None:
         )
 
 
-def bias_mask_shape(mask_structure: MaskStructure, heads: int, length: int, causal: bool = True) -> tuple[int, int]:
-    """The stored shape of a drop-in mask: [heads, length, length] (full), [heads, length] (causal relative:
-    distances 0..length - 1) or [heads, 2 * length - 1] (relative, a logit per past and future offset)."""
-    if mask_structure == "full":
-        return (heads, length, length)
-    if mask_structure == "toeplitz":
-        return (heads, length) if causal else (heads, 2 * length - 1)
-    raise ConfigError(f"unknown mask_structure {mask_structure!r}; expected 'full' or 'toeplitz'")
-
-
 class MaskBias(nn.Module):
     """Owns the mask (param `mask_logits`, or a `constants` variable when fixed) and hands back an attention_fn.
 
@@ -298,7 +289,7 @@ class MaskBias(nn.Module):
     @nn.compact
     def __call__(self, query_positions: jax.Array | Sequence[int] | None = None) -> Callable:
         check_bias_mode("MaskBias", self.mask_mode)
-        shape = bias_mask_shape(self.mask_structure, self.heads, self.length, self.causal)
+        shape = mask_shape(self.mask_structure, self.heads, self.length, self.causal)
         if self.mask_collection not in ("constants", "params"):
             raise ConfigError(f"unknown mask_collection {self.mask_collection!r}; expected 'constants' or 'params'")
         if self.mask_mode == "fixed" and self.mask_collection == "params":
@@ -360,7 +351,7 @@ class NNXMaskBias(nnx.Module):
         check_layout(layout)
         self.mask_scale, self.attention_fn = mask_scale, attention_fn
         self.mask_structure, self.causal, self.layout = mask_structure, causal, layout
-        shape = bias_mask_shape(mask_structure, heads, length, causal)
+        shape = mask_shape(mask_structure, heads, length, causal)
         self.mask_logits = nnx_mask_logits(mask_mode, mask_init, shape, rngs)
         self.decode = decode
         self.cache_index = nnx.data(None)
