@@ -348,7 +348,13 @@ def init_runs(
     Leaves that do not depend on the run (a LayerNorm's ones) come out of init replicated; left so, the chunk
     program would compile once for them and again for the sharded state its first call returns."""
     mesh = mesh if mesh is not None else runs_mesh(len(run_keys))
-    return shard_runs(program.init(*shard_runs((run_keys, *run_inputs), mesh)), mesh)
+    inputs = (run_keys, *run_inputs)
+    if mesh.size > 1 and jax.process_count() == 1 and mesh.devices.flat[0].platform == "cpu":
+        # jaxlib's CPU LAPACK kernels (the QK priors' SVD) fan a batch out over the host's shared pool of
+        # one thread per core and block until it is done; one init program per CPU device blocks every
+        # thread of that pool, and init never returns (jaxlib 0.10). So CPU meshes initialise on one device.
+        return shard_runs(program.init(*jax.device_put(inputs, mesh.devices.flat[0])), mesh)
+    return shard_runs(program.init(*shard_runs(inputs, mesh)), mesh)
 
 
 def runs_mesh(n_runs: int | None = None) -> jax.sharding.Mesh:

@@ -137,6 +137,17 @@ def test_qk_prior_methods_run_from_the_cli(cli, tmp_path):
         assert 0.0 <= r["pattern_error_init"] <= 1.0 and 0.0 <= r["pattern_drift"] <= 1.0
 
 
+def test_qk_svd_initialises_eight_runs_sharded_over_two_cpu_devices(cli, tmp_path):
+    """jaxlib's CPU SVD blocks a thread of the host's shared pool while its batch runs on the others: one
+    init program per device once left no thread free, and this command hung in 2 of 3 tries (2 cores)."""
+    out = tmp_path / "svd"
+    args = ("--preset=test", "--seeds=8", "--steps=2", "--tasks=2parity", "--methods=qk_svd", "--cpu-devices=2")
+    result = cli("experiments.boolean", *args, f"--out={out}", timeout=300)
+    assert result.returncode == 0, result.stderr
+    records = read_records(out)
+    assert [r["seed"] for r in records] == list(range(8)) and len(records[0]["devices"]) == 2
+
+
 def test_optimizer_and_mask_weight_decay_reach_config_and_every_record(cli, tmp_path):
     out = tmp_path / "sgd"
     result = cli(
