@@ -19,6 +19,13 @@ def row_total_variation(a: jax.Array, b: jax.Array) -> jax.Array:
     return 0.5 * jnp.abs(a - b).sum(-1)
 
 
+def outside_mass(attention_LBHQK: jax.Array, open_QK: jax.Array) -> jax.Array:
+    """The attention weight on keys a 0/1 pattern closes, averaged over inputs, heads and queries: [layers].
+    Against one window for every method (vision: the locality pattern), it says how far each method's
+    attention reaches beyond the neighbourhood the mask opens, for methods with no mask as well."""
+    return (attention_LBHQK * (1 - open_QK)).sum(-1).mean(axis=(1, 2, 3))
+
+
 def region_means(values_P: jax.Array, seen_P: jax.Array, seen_share: float) -> dict[str, jax.Array]:
     """Means over the probe points of each region, and the cube's mean: the two weighted by the share of
     the cube each region holds (the probe set holds them in equal numbers, not in the cube's ratio).

@@ -72,6 +72,22 @@ def test_mask_logit_change_splits_open_and_closed_entries():
     assert float(none_closed["mask_change_closed_mean"][0]) == 0.0
 
 
+def test_outside_mass_is_the_attention_on_closed_keys_against_float64_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 2, 4, 5, 5))  # layers, inputs, heads, queries, keys
+    attention = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    open_QK = rng.random((5, 5)) < 0.4
+    expected = np.zeros(3)
+    for layer, b, h, q, k in np.ndindex(attention.shape):
+        if not open_QK[q, k]:
+            expected[layer] += attention[layer, b, h, q, k] / (2 * 4 * 5)
+    got = probes.outside_mass(jnp.asarray(attention, jnp.float32), jnp.asarray(open_QK, jnp.float32))
+    chex.assert_shape(got, (3,))
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5)
+    all_open = probes.outside_mass(jnp.asarray(attention, jnp.float32), jnp.ones((5, 5)))
+    np.testing.assert_array_equal(np.asarray(all_open), 0.0)
+
+
 def test_drift_is_reported_per_region_and_the_mask_change_of_a_fixed_mask_is_zero():
     task = get_task("majority3")
     (fixed,), _ = study.run_group(task, get_method("mask_fixed"), [0], CONFIG)

@@ -245,6 +245,10 @@ def test_cli_end_to_end_and_batch_equals_alone(cli, tmp_path, tiny_fashion):
         assert len(r["test_acc_probe"]) == len(r["drift_steps"]) == 3
     mask = next(r for r in records if r["method"] == "mask")
     assert len(mask["mask_sign_kept"][-1]) == 1 and 0 <= mask["mask_sign_kept"][-1][0] <= 1
+    for r in records:  # [probes][layers]; the +5 / -5 mask starts with little weight outside its 3 x 3 window
+        assert np.asarray(r["attention_outside_window"]).shape == (3, 1)
+        assert 0 <= min(min(r["attention_outside_window"])) and max(max(r["attention_outside_window"])) <= 1
+    assert mask["attention_outside_window"][0][0] < 0.1
     assert {r["n_train"] for r in records} == {20, 40}
     for png in ("curves_fashion_mnist_0.5.png", "attention_fashion_mnist_1.png", "mask_fashion_mnist_1_mask.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

@@ -253,6 +253,7 @@ def run_group(
     probe_y = jnp.asarray(data.test_labels[: config.probe_images])
     drift_x = vt.normalise(probe_x[: config.drift_images], mean, std)
     has_mask = method.mask_mode != "none"
+    window = jnp.asarray(vt.mask_pattern(batch.task, "oracle"), jnp.float32)
 
     def probe(initial, state) -> dict[str, jax.Array]:
         variables = variables_of(state.params, state.constants)
@@ -262,6 +263,7 @@ def run_group(
             "test_acc_probe": (logits.argmax(-1) == probe_y).mean(),
             "test_loss_probe": optax.softmax_cross_entropy_with_integer_labels(logits, probe_y).mean(),
             "attention_drift": runs.attention_drift(model, start, variables, drift_x),
+            "attention_outside_window": probes.outside_mass(runs.sown(model, variables, drift_x, "attention"), window),
         }
         if has_mask:
             out |= probes.mask_persistence(
@@ -373,7 +375,7 @@ class VisionScope:
 KEYS = ("test_acc", "test_loss", "train_loss", "pattern_error_init")
 GROUPS = ("dataset", "train_fraction", "method")
 CURVE_KEYS = ("test_acc_probe", "test_loss_probe")
-PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
+PERSISTENCE_KEYS = ("attention_drift", "attention_outside_window", "mask_change_mean", "mask_sign_kept")
 
 
 @dataclasses.dataclass(frozen=True)
