@@ -245,7 +245,7 @@ def test_cli_end_to_end_and_batch_equals_alone(cli, tmp_path, tiny_fashion):
         assert len(r["test_acc_probe"]) == len(r["drift_steps"]) == 3
     mask = next(r for r in records if r["method"] == "mask")
     assert len(mask["mask_sign_kept"][-1]) == 1 and 0 <= mask["mask_sign_kept"][-1][0] <= 1
-    for r in records:  # [probes][layers]; the +5 / -5 mask starts with little weight outside its 3 x 3 window
+    for r in records:  # [probes][layers]; the +10 / -10 mask starts with little weight outside its 3 x 3 window
         assert np.asarray(r["attention_outside_window"]).shape == (3, 1)
         assert 0 <= min(min(r["attention_outside_window"])) and max(max(r["attention_outside_window"])) <= 1
     assert mask["attention_outside_window"][0][0] < 0.1
