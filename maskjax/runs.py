@@ -14,7 +14,7 @@ import numpy as np
 from maskjax import mask_patterns, probes, qk_priors
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
-from maskjax.train import InitRun, TrainConfig, Trained, first_nonfinite_step
+from maskjax.train import InitRun, RunState, TrainConfig, Trained, first_nonfinite_step, to_host, variables_of
 
 Config = TypeVar("Config")
 # A task's mask patterns: (kind, seed) -> boolean open matrix [N, N]; kinds as Method.mask_pattern.
@@ -89,6 +89,21 @@ def attention_drift(model: Any, start: dict, variables: dict, x: jax.Array) -> j
     the vision and language studies share."""
     now, then = sown(model, variables, x, "attention"), sown(model, start, x, "attention")
     return probes.row_total_variation(now, then).mean(axis=(1, 2, 3))
+
+
+def layer0_pattern_error(
+    model: Any, initial: RunState, x: jax.Array, target_HNN: np.ndarray, rows: slice = slice(None)
+) -> list[float]:
+    """Per run, how well the prior is in place at init: the mean total-variation distance of layer 0's
+    attention rows (those `rows` selects) on the inputs x from the target's (0: the target; 1: disjoint)."""
+
+    @jax.jit
+    @jax.vmap
+    def layer0(params, constants):
+        return sown(model, variables_of(params, constants), x, "attention")[0]
+
+    attention = to_host(layer0(initial.params, initial.constants)).astype(np.float64)
+    return [float(0.5 * np.abs(a - target_HNN[None])[..., rows, :].sum(-1).mean()) for a in attention]
 
 
 def mask_logits_of(model: Any, method: Method, variables: dict) -> jax.Array:

@@ -74,6 +74,10 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
     for r in records:
         assert {"op", "train_fraction", "method", "seed", "seq_acc", "token_acc", "train_loss", "git_commit"} <= set(r)
         assert 0.0 <= r["seq_acc"] <= r["token_acc"] <= 1.0 and 0.0 <= r["train_seq_acc"] <= 1.0
+    error = {(r["op"], r["method"], r["seed"]): r["pattern_error_init"] for r in records}
+    for key in error:  # on the answer rows the +5 / -5 mask starts nearer its causal row distribution than vanilla
+        if key[1] == "mask":
+            assert 0.0 < error[key] < error[(key[0], "vanilla", key[2])] - 0.05 < 1.0
     assert "| mul | 0.004 | mask | 2 | 0 |" in (out / "summary.md").read_text()
     config = json.loads((out / "config.json").read_text())
     assert config["open_value"] == 5.0 and config["qk_opt_steps"] == 11

@@ -140,6 +140,7 @@ class GroupInputs(NamedTuple):
     data: jax.Array
     eval_data: jax.Array
     train_config: TrainConfig
+    target: np.ndarray
 
 
 def make_group(
@@ -170,7 +171,13 @@ def make_group(
         return answer_loss(model.apply(variables_of(params, constants), tokens_BL), tokens_BL)
 
     train_config = config.train_config(train_BNL.shape[1])
-    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config)
+    causal = np.tril(np.ones(prior.shape, bool))
+    target = np.broadcast_to(mask_patterns.row_distribution(np.where(causal, prior, -np.inf)), open_HNN.shape)
+    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config, target)
+
+
+# Seed 0's first training sequences, on which every run's layer-0 attention at init is held against the prior.
+PATTERN_PROBES = 64
 
 
 def run_group(
@@ -212,6 +219,10 @@ def run_group(
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
     fit_BNL = training_sample(np.asarray(batch.data), seeds, config.eval_size)
     fit_correct = to_host(decode(final.params, final.constants, jnp.asarray(fit_BNL))) == fit_BNL[:, :, ar.PROMPT :]
+    answer_rows = slice(ar.PROMPT - 1, -1)  # the queries that write the answer: the rows the prior shapes
+    pattern_error = runs.layer0_pattern_error(
+        model, trained.initial, batch.data[0, :PATTERN_PROBES], batch.target, answer_rows
+    )
     outcomes = runs.outcome_fields(trained, train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
@@ -229,6 +240,7 @@ def run_group(
                 "train_seq_acc": None if diverged else float(fit_correct[i].all(axis=1).mean()),
                 "n_train": int(n_train),
                 "eval_size": int(truth.shape[1]),
+                "pattern_error_init": pattern_error[i],
                 **outcomes[i],
             }
         )

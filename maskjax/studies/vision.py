@@ -279,7 +279,7 @@ def run_group(
     )
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     test_acc, test_loss = evaluate(model, final, data, mean, std, config.eval_batch)
-    pattern_error = layer0_pattern_error(model, initial, drift_x, batch.target)
+    pattern_error = runs.layer0_pattern_error(model, initial, drift_x, batch.target)
     outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(test_loss))
     records = []
     for i, seed in enumerate(seeds):
@@ -331,18 +331,6 @@ def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> 
 
     acc, loss = one_run(state.params, state.constants)
     return to_host(acc), to_host(loss)
-
-
-def layer0_pattern_error(model: ViT, initial, images: jax.Array, target_HNN: np.ndarray) -> list[float]:
-    """Per run, the mean total-variation distance of layer 0's attention rows at init from the target's."""
-
-    @jax.jit
-    @jax.vmap
-    def layer0(params, constants):
-        return runs.sown(model, variables_of(params, constants), images, "attention")[0]
-
-    attention = to_host(layer0(initial.params, initial.constants)).astype(np.float64)
-    return [float(0.5 * np.abs(a - target_HNN[None]).sum(-1).mean()) for a in attention]
 
 
 LADDER_MARGIN = 0.03  # vanilla must beat the softmax regression on the same images by 3 points
