@@ -4,6 +4,7 @@ import dataclasses
 import gzip
 import json
 import pickle
+from pathlib import Path
 
 import chex
 import jax
@@ -17,6 +18,7 @@ from maskjax.data import images
 from maskjax.methods import get_method
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
+from maskjax.studies import vision as study
 from maskjax.tasks import vision as vt
 
 
@@ -195,8 +197,6 @@ def test_vit_shapes_pooling_and_zero_head():
 
 
 def test_impulse_targets_are_shifted_identities():
-    from maskjax.studies import vision as study
-
     data = images.ImageData("fashion_mnist", *(np.zeros((8, 8, 8, 1), np.uint8), np.zeros(8, np.int32)) * 2, 10)
     config = study.get_preset("test")
     task = study.make_task(data, config)
@@ -307,8 +307,6 @@ def test_patch_stem_is_the_strided_convolution_it_replaces():
 
 def test_a_test_split_that_eval_batch_does_not_divide_is_scored_whole(tiny_fashion):
     """16 test images in chunks of 5 (the last one filled with weight 0) score as one chunk of 16."""
-    from maskjax.studies import vision as study
-
     data = images.load("fashion_mnist", tiny_fashion)
     config = study.get_preset("test")
     records = {
@@ -331,3 +329,10 @@ def test_eval_chunks_fill_the_last_chunk_and_mark_the_filler():
     assert none is None and whole.shape == (2, 3)
     (small,), _ = eval_chunks([np.arange(2.0)], 8)
     assert small.shape == (1, 2)
+
+
+def test_the_medium_preset_is_the_rung_the_ladder_passed():
+    """docs/results/vision_ladder.md names `medium`; its config is that run's, field for field."""
+    ran = json.loads((Path(__file__).parent.parent / "docs/results/vision_ladder/v64d4p7e30/config.json").read_text())
+    medium = dataclasses.asdict(study.get_preset("medium"))
+    assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
