@@ -168,6 +168,8 @@ def pattern_error(attention: np.ndarray, target: np.ndarray) -> float:
 
 
 QK_INITS = ("default", "svd", "opt", "mimetic", "impulse")
+# QK-SVD's and QK-opt's factor on the learned positions (set on the Boolean tasks; docs/design.md).
+POSITION_SCALE = 5.0
 # The published impulse constants (osiriszjq/structured_initialization, impulse_init): positions x 18,
 # Q and K each of Frobenius norm 7, closed-entry noise 0.6 * N(0, 1) cut at +-2 (absolute).
 IMPULSE_POSITION_SCALE = 18.0
@@ -229,7 +231,7 @@ def with_qk_prior(
     target_HNN: jax.Array,
     *,
     opt_steps: int = 10_000,
-    position_scale: float = 5.0,
+    position_scale: float = POSITION_SCALE,
     qk_scale: float = 5.0,
 ) -> dict:
     """Params with every attention module's query / key slices (and, for mimetic and impulse, value /

@@ -55,6 +55,7 @@ def prior_init(
     pattern_HNN: jax.Array,
     target_HNN: jax.Array,
     qk_opt_steps: int,
+    position_scale: float = qk_priors.POSITION_SCALE,
 ) -> InitRun:
     """init_run(key, *mask_logits) for `train`: build(*mask_logits) initialised on `sample` from the run's
     key itself (so adding a method never changes the others), then the method's QK prior put into
@@ -69,6 +70,7 @@ def prior_init(
             pattern_HNN,
             target_HNN,
             opt_steps=qk_opt_steps,
+            position_scale=position_scale,
         )
         return params, variables.get("constants", {})
 

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import jax
@@ -112,3 +113,20 @@ def test_the_registry_is_the_one_allow_list():
         assert {"vanilla", "mask", "mask_fixed", "mask_zero"} <= set(methods_for(name))
     assert "qk_svd" not in methods_for("vision") and "mask_random" not in methods_for("arithmetic")
     assert methods_for("language")[-1] == "alibi" and "alibi" not in methods_for("boolean")
+
+
+@pytest.mark.parametrize("method", ["qk_svd", "qk_opt"])
+def test_qk_position_scale_multiplies_the_position_embeddings_the_prior_is_built_on(method):
+    task, config = ArithmeticTask("add"), study.get_preset("test")
+    key = jax.random.key(3)
+    inits = {
+        scale: study.make_group(
+            task, get_method(method), 0.004, [0], dataclasses.replace(config, qk_position_scale=scale)
+        ).init_run(key)[0]
+        for scale in (1.0, 5.0)
+    }
+    plain = study.make_group(task, get_method("vanilla"), 0.004, [0], config).init_run(key)[0]
+    for scale, params in inits.items():
+        np.testing.assert_allclose(params["pos_embed"], scale * plain["pos_embed"], rtol=1e-6)
+    qkv = [np.asarray(params["block_0"]["attn"]["qkv"]["kernel"][:, :2]) for params in inits.values()]
+    assert not np.allclose(*qkv)  # the prior is solved on the positions it will see

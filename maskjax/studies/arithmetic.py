@@ -55,6 +55,9 @@ class ArithmeticConfig:
     eval_size: int = option(10_000, help="held-out pairs scored per seed")
     chunk_steps: int = option(200, help="steps per compiled chunk")
     qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+    qk_position_scale: float = option(
+        5.0, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
+    )
     optimizer: str = optimizer_option("adamw")
     mask_weight_decay: float | None = mask_decay_option()
 
@@ -165,6 +168,7 @@ def make_group(
         open_HNN,
         target_HNN,
         config.qk_opt_steps,
+        config.qk_position_scale,
     )
 
     def loss(params, constants, tokens_BL):
