@@ -88,30 +88,36 @@ def sign_test_p(differences: Sequence[float]) -> float:
 
 
 def paired_table(
-    records: Sequence[dict], key: str, reference: str, group_by: Sequence[str], lower_is_better: bool = False
+    records: Sequence[dict],
+    key: str,
+    reference: str,
+    group_by: Sequence[str],
+    lower_is_better: bool = False,
+    across: str = "method",
 ) -> str:
-    """`reference` against every other method, seed by seed, within each group (group_by without
-    "method"): the mean difference in key, wins / losses / ties (a win: higher, or lower with
-    lower_is_better, as for perplexity) and the two-sided sign test."""
+    """`reference` against every other value of `across` (the method, or e.g. the source folder of one
+    method run two ways), seed by seed, within each group (group_by without `across`): the mean difference
+    in key, wins / losses / ties (a win: higher, or lower with lower_is_better, as for perplexity) and the
+    two-sided sign test."""
     keyed: dict[tuple, dict[str, dict[int, float]]] = {}
     for r in records:
         if r.get(key) is None or "seed" not in r:
             continue
         group = tuple(r[g] for g in group_by)
-        keyed.setdefault(group, {}).setdefault(r["method"], {})[r["seed"]] = r[key]
+        keyed.setdefault(group, {}).setdefault(r[across], {})[r["seed"]] = r[key]
     scale = 100 if is_accuracy(key) else 1
-    header = [*group_by, "method", f"{reference} - method (mean)", "wins / losses / ties", "sign test p"]
+    header = [*group_by, across, f"{reference} - {across} (mean)", "wins / losses / ties", "sign test p"]
     direction = ", lower is better" if lower_is_better else ""
     lines = [
-        f"{reference} against each method, paired by seed ({key}{' in points' if scale == 100 else ''}{direction}):",
+        f"{reference} against each {across}, paired by seed ({key}{' in points' if scale == 100 else ''}{direction}):",
         "",
         *markdown_head(header),
     ]
-    for group, methods in keyed.items():
-        ours = methods.get(reference, {})
-        for method, theirs in methods.items():
+    for group, runs in keyed.items():
+        ours = runs.get(reference, {})
+        for other, theirs in runs.items():
             seeds = sorted(set(ours) & set(theirs))
-            if method == reference or not seeds:
+            if other == reference or not seeds:
                 continue
             diffs = [ours[s] - theirs[s] for s in seeds]
             wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
@@ -121,7 +127,7 @@ def paired_table(
                 markdown_row(
                     [
                         *group,
-                        method,
+                        other,
                         f"{scale * np.mean(diffs):+.3g}",
                         f"{wins} / {losses} / {len(diffs) - wins - losses}",
                         f"{sign_test_p(diffs):.3g}",

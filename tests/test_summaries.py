@@ -111,3 +111,14 @@ def test_paired_table_counts_wins_in_the_direction_that_is_better():
     lower = tables.paired_table(records, "test_ppl", "mask", ("corpus",), lower_is_better=True)
     assert "| c | vanilla | -0.333 | 1 / 2 / 0 | 1 |" in higher
     assert "| c | vanilla | -0.333 | 2 / 1 / 0 | 1 |" in lower and "lower is better" in lower
+
+
+def test_paired_table_compares_one_method_across_source_folders():
+    from maskjax import tables
+
+    records = [{"source": src, "method": "qk_opt", "seed": s, "seq_acc": v}
+               for src, values in {"scale1": [0.5, 0.6, 0.2], "scale5": [0.1, 0.2, 0.3]}.items()
+               for s, v in enumerate(values)]
+    table = tables.paired_table(records, "seq_acc", "scale1", ("method",), across="source")
+    assert "| method | source | scale1 - source (mean) | wins / losses / ties | sign test p |" in table
+    assert "| qk_opt | scale5 | +23.3 | 2 / 1 / 0 | 1 |" in table and "scale1 against each source" in table
