@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import mask_patterns, plots, runs, tables
+from maskjax import mask_patterns, plots, qk_priors, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.methods import Method, check_in_study, get_method
@@ -56,7 +56,7 @@ class ArithmeticConfig:
     chunk_steps: int = option(200, help="steps per compiled chunk")
     qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
     qk_position_scale: float = option(
-        5.0, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
+        qk_priors.POSITION_SCALE, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
     )
     optimizer: str = optimizer_option("adamw")
     mask_weight_decay: float | None = mask_decay_option()
