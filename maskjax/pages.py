@@ -58,9 +58,9 @@ def _per_seed(records: Sequence[dict], params: dict[str, str], folder: Path) -> 
 
 
 def _paired(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
-    lower, key, across = params.get("lower") == "true", params["key"], params.get("across", "method")
-    records = _with_paths(records, [key])
-    return tables.paired_table(records, key, params["reference"], _names(params["by"]), lower, across)
+    lower, keys, across = params.get("lower") == "true", _names(params["key"]), params.get("across", "method")
+    records = _with_paths(records, keys)
+    return tables.paired_table(records, keys, params["reference"], _names(params["by"]), lower, across)
 
 
 def _count(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:

@@ -89,7 +89,7 @@ def sign_test_p(differences: Sequence[float]) -> float:
 
 def paired_table(
     records: Sequence[dict],
-    key: str,
+    key: str | Sequence[str],
     reference: str,
     group_by: Sequence[str],
     lower_is_better: bool = False,
@@ -98,42 +98,48 @@ def paired_table(
     """`reference` against every other value of `across` (the method, or e.g. the source folder of one
     method run two ways), seed by seed, within each group (group_by without `across`): the mean difference
     in key, wins / losses / ties (a win: higher, or lower with lower_is_better, as for perplexity) and the
-    two-sided sign test."""
-    keyed: dict[tuple, dict[str, dict[int, float]]] = {}
+    two-sided sign test. Several keys (one per layer, say) give one table with a `key` column."""
+    keys = [key] if isinstance(key, str) else list(key)
+    keyed: dict[tuple, dict[str, dict[str, dict[int, float]]]] = {}
     for r in records:
-        if r.get(key) is None or "seed" not in r:
+        if "seed" not in r:
             continue
         group = tuple(r[g] for g in group_by)
-        keyed.setdefault(group, {}).setdefault(r[across], {})[r["seed"]] = r[key]
-    scale = 100 if is_accuracy(key) else 1
-    header = [*group_by, across, f"{reference} - {across} (mean)", "wins / losses / ties", "sign test p"]
+        for k in keys:
+            if r.get(k) is not None:
+                keyed.setdefault(group, {}).setdefault(k, {}).setdefault(r[across], {})[r["seed"]] = r[k]
+    in_points = " in points" if all(is_accuracy(k) for k in keys) else ""
+    key_column = ["key"] if len(keys) > 1 else []
+    header = [*group_by, *key_column, across, f"{reference} - {across} (mean)", "wins / losses / ties", "sign test p"]
     direction = ", lower is better" if lower_is_better else ""
     lines = [
-        f"{reference} against each {across}, paired by seed ({key}{' in points' if scale == 100 else ''}{direction}):",
+        f"{reference} against each {across}, paired by seed ({', '.join(keys)}{in_points}{direction}):",
         "",
         *markdown_head(header),
     ]
-    for group, runs in keyed.items():
-        ours = runs.get(reference, {})
-        for other, theirs in runs.items():
-            seeds = sorted(set(ours) & set(theirs))
-            if other == reference or not seeds:
-                continue
-            diffs = [ours[s] - theirs[s] for s in seeds]
-            wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-            if lower_is_better:
-                wins, losses = losses, wins
-            lines.append(
-                markdown_row(
-                    [
-                        *group,
-                        other,
-                        f"{scale * np.mean(diffs):+.3g}",
-                        f"{wins} / {losses} / {len(diffs) - wins - losses}",
-                        f"{sign_test_p(diffs):.3g}",
-                    ]
+    for group, by_key in keyed.items():
+        for k, runs in by_key.items():
+            ours, scale = runs.get(reference, {}), 100 if is_accuracy(k) else 1
+            for other, theirs in runs.items():
+                seeds = sorted(set(ours) & set(theirs))
+                if other == reference or not seeds:
+                    continue
+                diffs = [ours[s] - theirs[s] for s in seeds]
+                wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+                if lower_is_better:
+                    wins, losses = losses, wins
+                lines.append(
+                    markdown_row(
+                        [
+                            *group,
+                            *([k] if key_column else []),
+                            other,
+                            f"{scale * np.mean(diffs):+.3g}",
+                            f"{wins} / {losses} / {len(diffs) - wins - losses}",
+                            f"{sign_test_p(diffs):.3g}",
+                        ]
+                    )
                 )
-            )
     return "\n".join(lines) + "\n"
 
 
