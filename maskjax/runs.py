@@ -145,6 +145,13 @@ def end_loss(losses_S: np.ndarray) -> float:
 
 
 LOSS_CURVE_POINTS = 20
+# curves and profiles in a record are stored to this many decimals: enough for every table, small files
+STORED_DECIMALS = 6
+
+
+def stored_curves(curves: Mapping[str, np.ndarray], run: int) -> dict[str, list]:
+    """One run's probe curves (each [runs, probes, ...]) as the record stores them."""
+    return {name: np.round(series[run].astype(np.float64), STORED_DECIMALS).tolist() for name, series in curves.items()}
 
 
 def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[list[int], list[float | None]]:

@@ -7,14 +7,16 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from maskjax import runs
+
 GOLDEN = Path(__file__).parent / "golden"
 IDENTITY = ("task", "op", "train_fraction", "method", "seed")
 ENVIRONMENT = {"jax_version"}
 
 
 VOLATILE = {"git_commit", "batch_seconds", "devices", "backend", "config", "resumed_at_step"}
-# curves are stored to 6 decimals (vision.py), so two floats 1e-5 apart can round one step apart
-ROUNDING = 1e-6
+# stored curves are rounded (runs.STORED_DECIMALS), so two floats 1e-5 apart can round one step apart
+ROUNDING = 10.0**-runs.STORED_DECIMALS
 
 
 def write_golden(records: list[dict], name: str) -> None:

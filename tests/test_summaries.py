@@ -116,10 +116,9 @@ def test_paired_table_counts_wins_in_the_direction_that_is_better():
 def test_paired_table_with_several_keys_gives_one_row_per_key_and_method():
     from maskjax import tables
 
-    records = [{"method": m, "seed": s, "drift": [v, 2 * v]}
+    records = [{"method": m, "seed": s, "drift.0": v, "drift.1": 2 * v}
                for m, values in {"mask": [0.1, 0.2, 0.3], "vanilla": [0.2, 0.1, 0.4]}.items()
                for s, v in enumerate(values)]
-    records = [{**r, "drift.0": r["drift"][0], "drift.1": r["drift"][1]} for r in records]
     table = tables.paired_table(records, ["drift.0", "drift.1"], "mask", (), lower_is_better=True)
     assert "| key | method | mask - method (mean) | wins / losses / ties | sign test p |" in table
     assert "| drift.0 | vanilla | -0.0333 | 2 / 1 / 0 | 1 |" in table

@@ -366,7 +366,7 @@ def run_group(
             metrics = {
                 **scores(task, preds[i]),
                 "unseen_mean_prediction": float(preds[i][~seen].mean()),
-                "degree_profile": [round(float(m), 6) for m in degree_profile(preds[i])],
+                "degree_profile": [round(float(m), runs.STORED_DECIMALS) for m in degree_profile(preds[i])],
                 **({"pair_coefficient": pair_coefficient(preds[i], pair)} if pair else {}),
             }
         records.append(
@@ -470,7 +470,7 @@ def mdi_record(task: BooleanTask) -> dict:
         "method": "mdi",
         **scores(task, values),
         "unseen_mean_prediction": round(float(values[unseen].mean()), 9) + 0.0,
-        "degree_profile": [round(float(m), 6) for m in degree_profile(values)],
+        "degree_profile": [round(float(m), runs.STORED_DECIMALS) for m in degree_profile(values)],
         **({"pair_coefficient": round(pair_coefficient(values, pair), 9) + 0.0} if (pair := parity_pair(task)) else {}),
     }
 

@@ -280,7 +280,7 @@ def run_group(
                 "test_bytes": int(data.test_bytes),
                 "train_windows": int(len(data.train)),
                 "drift_steps": curve_steps,
-                **{name: np.round(series[i].astype(np.float64), 6).tolist() for name, series in curves.items()},
+                **runs.stored_curves(curves, i),
                 **outcomes[i],
             }
         )

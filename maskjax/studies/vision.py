@@ -311,7 +311,7 @@ def run_group(
                 "test_loss": None if diverged else float(test_loss[i]),
                 "pattern_error_init": pattern_error[i],
                 "drift_steps": curve_steps,
-                **{name: np.round(series[i].astype(np.float64), 6).tolist() for name, series in curves.items()},
+                **runs.stored_curves(curves, i),
                 **outcomes[i],
             }
         )
