@@ -70,7 +70,9 @@ def plot_drift(
 ) -> None:
     """Per drift key, one panel per layer (wrapped PANELS_PER_ROW to a row): the mean over seeds against training
     step, per method, with the seed range shaded (log y axis with `log`). Records carry `drift_steps` and, per
-    key, [steps][layers] values; `per_layer=False` titles the panels by key, for curves with one value a step."""
+    key, [steps][layers] values; `per_layer=False` titles the panels by key, for curves with one value a step.
+    A method keeps one colour in every panel, also where only some methods carry a key (the masks' own
+    curves), so one legend reads them all."""
     records = [r for r in records if r.get("drift_steps")]
     methods = list(dict.fromkeys(r["method"] for r in records))
     keys = [k for k in keys if any(k in r for r in records)]
@@ -84,14 +86,15 @@ def plot_drift(
         for layer in range(layers):
             ax = axes[row * rows_per_key + layer // columns][layer % columns]
             ax.axis("on")
-            for method in methods:
+            for index, method in enumerate(methods):
                 runs = [r for r in records if r["method"] == method and key in r]
                 if not runs:
                     continue
                 values = np.asarray([[step[layer] for step in r[key]] for r in runs], np.float64)
                 steps = runs[0]["drift_steps"]
-                ax.plot(steps, values.mean(0), label=method)
-                ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2)
+                color = f"C{index % 10}"
+                ax.plot(steps, values.mean(0), label=method, color=color)
+                ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2, color=color)
             ax.set_title(f"layer {layer}" if per_layer else key, fontsize=9)
             if log:
                 ax.set_yscale("symlog", linthresh=1e-8)

@@ -20,6 +20,21 @@ def test_plots_leave_a_notebooks_backend_alone_and_wrap_many_layers(tmp_path):
     assert png_width(tmp_path / "drift.png") <= 3.6 * plots.PANELS_PER_ROW * 110 + 1
 
 
+def test_a_method_keeps_its_colour_in_panels_where_others_are_missing(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    steps = [0, 10]
+    records = [
+        {"method": "vanilla", "drift_steps": steps, "attention_drift": [[0.1], [0.2]]},
+        {"method": "mask", "drift_steps": steps, "attention_drift": [[0.0], [0.1]], "mask_change_mean": [[0], [1]]},
+    ]
+    plots.plot_drift(records, tmp_path / "drift.png", ["attention_drift", "mask_change_mean"])
+    (fig,) = drawn
+    colours = [{line.get_label(): line.get_color() for line in ax.get_lines()} for ax in fig.axes if ax.get_lines()]
+    assert [sorted(c) for c in colours] == [["mask", "vanilla"], ["mask"]]
+    assert colours[0]["mask"] == colours[1]["mask"] != colours[0]["vanilla"]
+
+
 def test_maps_round_trip_in_float16(tmp_path):
     maps = {"init": np.eye(3), "final": np.full((2, 3, 3), 0.25)}
     store.write_maps(tmp_path / "m" / "a.npz", maps)
