@@ -108,11 +108,16 @@ def remove_tree(path: Path) -> None:
 
 
 def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict], dict]:
-    """Prepare `out`, write its config.json; return (records kept from a resumed run, the metadata every
-    new record carries: config, git commit, JAX version, devices)."""
+    """Prepare `out`; return (records kept from a resumed run, the metadata every new record carries:
+    config, git commit, JAX version, devices).
+
+    config.json keeps the environment the sweep was first opened in: a resume (which may only redraw
+    the figures) leaves it alone, since each record carries the environment it ran in.
+    """
     records = prepare_out(out, config, control)
     env = store.environment()
-    store.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
+    if not control.resume:
+        store.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
     return records, {"config": config, **env}
 
 

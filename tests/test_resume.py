@@ -134,8 +134,12 @@ def test_out_folder_rules(cli, main, tmp_path):
     before = (out / "results.jsonl").read_text()
     again = ["--preset=test", "--seeds=1", "--methods=vanilla", f"--out={out}"]
     one_error_line(main("experiments.boolean", *again), "already holds 1 results of this config; pass --resume")
+    held = json.loads((out / "config.json").read_text())
+    held["environment"]["git_commit"] = "the-commit-it-first-ran-at"
+    (out / "config.json").write_text(json.dumps(held))
     assert main("experiments.boolean", *again, "--resume").returncode == 0
     assert (out / "results.jsonl").read_text() == before
+    assert json.loads((out / "config.json").read_text()) == held, "a resume rewrote the sweep's environment"
     other = ["--preset=test", "--seeds=2", "--methods=vanilla", f"--out={out}"]
     one_error_line(main("experiments.boolean", *other), "different config")
     one_error_line(main("experiments.boolean", *other, "--resume"), "different config")
