@@ -14,7 +14,8 @@ from maskjax.store import publish
 
 
 def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", reference: str = "mdi") -> None:
-    """Accuracy per task and method with every seed shown; the reference method as a dashed line."""
+    """Accuracy per task and method with every seed shown; the reference method as a dashed line. A method
+    keeps one colour and one x position in every panel, also where a task lacks some methods."""
     tasks = list(dict.fromkeys(r["task"] for r in records))
     methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != reference))
     fig, axes = figure(1, len(tasks), 3.2, 3.2)
@@ -26,7 +27,7 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
             if not values:  # not trained yet on this task, or every seed diverged
                 continue
             jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
-            ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7)
+            ax.scatter(i + np.asarray(jitter), values, s=14, alpha=0.7, color=f"C{i}")
             ax.hlines(np.mean(values), i - 0.3, i + 0.3, color="k")
         for r in records:
             if r["task"] == task and r["method"] == reference:

@@ -1,5 +1,6 @@
 import matplotlib
 import numpy as np
+from matplotlib.collections import PathCollection
 
 from maskjax import plots, runner, runs, store
 
@@ -53,6 +54,21 @@ def test_accuracy_plot_of_a_sweep_in_progress_leaves_untrained_methods_out(tmp_p
     ]
     plots.plot_accuracy(records, tmp_path / "accuracy.png")
     assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_accuracy_plot_keeps_a_methods_colour_where_a_task_lacks_another(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    records = [
+        *[{"task": "2parity", "method": m, "seed": 0, "acc_all": 0.75} for m in ("vanilla", "mask")],
+        {"task": "threesym", "method": "mask", "seed": 0, "acc_all": 0.5},
+    ]
+    plots.plot_accuracy(records, tmp_path / "accuracy.png")
+    (fig,) = drawn
+    dots = [[c for c in ax.collections if isinstance(c, PathCollection)] for ax in fig.axes]
+    colours = [[tuple(c.get_facecolor()[0]) for c in panel] for panel in dots]
+    assert len(colours[0]) == 2 and len(colours[1]) == 1
+    assert colours[1][0] == colours[0][1] != colours[0][0]
 
 
 def test_a_sweep_draws_after_a_batch_when_due_and_at_the_end_only_what_is_not_drawn(tmp_path):
