@@ -93,7 +93,7 @@ def plot_drift(
                     continue
                 values = np.asarray([[step[layer] for step in r[key]] for r in runs], np.float64)
                 steps = runs[0]["drift_steps"]
-                color = f"C{index % 10}"
+                color = f"C{index}"
                 ax.plot(steps, values.mean(0), label=method, color=color)
                 ax.fill_between(steps, values.min(0), values.max(0), alpha=0.2, color=color)
             ax.set_title(f"layer {layer}" if per_layer else key, fontsize=9)
