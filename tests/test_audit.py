@@ -4,6 +4,7 @@ import pytest
 
 from experiments import audit
 from maskjax import pages, tables
+from maskjax.errors import ConfigError
 
 RECORDS = [
     {
@@ -155,3 +156,42 @@ def test_the_ladder_rules_as_design_md_writes_them(tmp_path):
     text = page.read_text()
     assert "| v64d4 | 0.05 | 83.10 | 83.90 | 85.50 | 86.50 | 83.00, 84.00, 85.00, 86.00 | 3/4 | passes |" in text
     assert "| v64d4 | 1.0 | 87.60 | 87.50 | 88.00 | 87.40 | 87.55 | 2/4 | fails |" in text
+
+
+def test_the_arithmetic_floor_as_design_md_writes_it(tmp_path):
+    """Issue 43's floor: held-out exact match at the paper's vanilla and a training loss that falls at most 5%
+    over the last tenth of the steps, in 6 of 8 seeds; the page's table reads the same rule."""
+    from maskjax.studies import arithmetic
+
+    steps = [293 * (i + 1) for i in range(20)]
+
+    def run(seed: int, seq_acc: float | None, last: float) -> dict:
+        curve = [1.0 - 0.02 * i for i in range(17)] + [0.6, 0.6 - (0.6 - last) / 2, last]
+        return {
+            "method": "vanilla",
+            "op": "mul",
+            "train_fraction": 0.03,
+            "seed": seed,
+            "seq_acc": seq_acc,
+            "train_loss_curve": curve,
+            "train_loss_steps": steps,
+        }
+
+    assert arithmetic.loss_fall(run(0, 0.1, 0.57)) == pytest.approx(0.05)
+    assert arithmetic.loss_fall({"train_loss_curve": [1.0, None], "train_loss_steps": [1, 2]}) is None
+    # seeds 0-5 pass; 6 is below the paper's 5.01%, 7 still falling (6.7% over the last tenth)
+    records = [run(s, 0.0501 + s / 100, 0.58) for s in range(6)] + [run(6, 0.05, 0.58), run(7, 0.09, 0.56)]
+    assert arithmetic.baseline_floor(records) == {"seeds": 8, "pass": 6, "passes": True}
+    records[5]["seq_acc"] = None  # a diverged seed passes nothing
+    assert arithmetic.baseline_floor(records) == {"seeds": 8, "pass": 5, "passes": False}
+    with pytest.raises(ConfigError, match="no vanilla for add at 0.01"):
+        arithmetic.baseline_floor([{**records[0], "op": "add", "train_fraction": 0.01}])
+
+    _folder(tmp_path, "medium", records)
+    page = tmp_path / "floor.md"
+    page.write_text(
+        "<!-- table ladder: from=medium family=arithmetic_floor key=seq_acc by=op,train_fraction -->\n"
+        "<!-- end table -->\n"
+    )
+    assert audit.main([str(page), "--write"]) == 0
+    assert "| >= 5.01, loss fall <= 5% | 5/8 | fails |" in page.read_text()
