@@ -21,6 +21,7 @@ from matplotlib.ticker import NullFormatter
 from experiments.cli import Parser, UserError, read_result_folders, run_main, source_line
 from maskjax import plots, store, tables
 from maskjax.models.layers import ModelConfig
+from maskjax.runner import sweep_config
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import cube, get_task
 
@@ -45,7 +46,7 @@ def with_scale(record: dict, path: Path) -> dict:
     missing = [k for k in NEEDED if k not in record]
     if missing:
         raise UserError(f"{path}: a record lacks {', '.join(missing)} (not a Boolean results file of this code)")
-    config = record["config"]
+    config = sweep_config(record["config"])
     task = get_task(record["task"])
     flops = study.train_flops(ModelConfig(**config["model"]), task.n_bits + 1, config["batch_size"])
     method = record["method"]
@@ -94,7 +95,7 @@ def cost_table(records: list[dict]) -> str:
     ]
     for preset, task in by_compute(records):
         rows = [r for r in records if r["preset"] == preset and r["task"] == task]
-        model = rows[0]["config"]["model"]
+        model = sweep_config(rows[0]["config"])["model"]
         seconds = [r["run_seconds"] for r in rows if r["run_seconds"] is not None]
         measured = f"{np.median(seconds):.0f} (median of {len(seconds)})" if seconds else "-"
         if len(seconds) < len(rows):

@@ -5,6 +5,7 @@ from maskjax.attention import (
     NNXMaskedSelfAttention,
     attention_weights,
     check_mask_logits,
+    extend_relative_mask,
     fused_attention,
     mask_bias,
     masked_attention,
@@ -21,8 +22,10 @@ from maskjax.bias import (
     with_mask_bias,
     with_mask_params,
 )
+from maskjax.errors import ConfigError
 
 __all__ = [
+    "ConfigError",
     "MaskBias",
     "MaskedSelfAttention",
     "NNXMaskBias",
@@ -33,6 +36,7 @@ __all__ = [
     "bias_layout",
     "check_mask_logits",
     "decay_mask",
+    "extend_relative_mask",
     "fixed_masks",
     "freeze_fixed_masks",
     "fused_attention",

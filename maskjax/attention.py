@@ -116,6 +116,27 @@ def relative_logits(
     return relative_HR[..., jnp.clip(offsets + length - 1, 0, size - 1)], None
 
 
+def extend_relative_mask(relative_HR: jax.Array | np.ndarray, length: int, *, causal: bool = True) -> jax.Array:
+    """A trained relative mask (mask_structure='toeplitz') made to serve sequences up to `length`.
+
+    Why: a relative mask of length N holds no logit for distances of N or more. The new distances start
+    at the logit of the farthest distance the mask was trained on (causal: distance N - 1; not causal:
+    offsets +-(N - 1)), which is also what `relative_logits` reads for a traced position past the mask, so
+    a trained recency prior keeps its far value rather than reopening. causal: [heads, N] -> [heads, length];
+    not causal: [heads, 2 N - 1] -> [heads, 2 length - 1]. Shorter lengths are refused (cut it yourself)."""
+    relative_HR = jnp.asarray(relative_HR)
+    if relative_HR.ndim != 2:
+        raise ConfigError(f"a relative mask is [heads, offsets], got shape {tuple(relative_HR.shape)}")
+    size = relative_HR.shape[-1]
+    if not causal and size % 2 == 0:
+        raise ConfigError(f"a non-causal relative mask holds 2 * length - 1 offsets (an odd number), got {size}")
+    old = size if causal else (size + 1) // 2
+    if length < old:
+        raise ConfigError(f"cannot extend a relative mask of length {old} to the shorter length {length}")
+    grow = length - old
+    return jnp.pad(relative_HR, ((0, 0), (0 if causal else grow, grow)), mode="edge")
+
+
 def alibi_bias(heads: int, length: int) -> np.ndarray:
     """ALiBi's fixed bias -slope_h * (i - j) [heads, length, length] (Press et al. 2022): slopes
     2^(-8 (h + 1) / heads), the geometric sequence of the paper; future keys get 0 (a causal mask hides them)."""
@@ -151,15 +172,14 @@ def biased_softmax(
 ) -> jax.Array:
     """softmax(logits + log_sigmoid(mask_scale * mask_logits)) over the keys; plain softmax without a mask.
 
-    causal: keys after the query get probability exactly 0 (a hard mask the learnable bias sits on top of).
+    causal: keys after the query get probability exactly 0 (a hard mask the learnable bias sits on top of),
+    aligned bottom-right: with fewer queries than keys, query i sits at key position kv_len - q_len + i.
     """
     if mask_logits is not None:
         check_mask_logits(mask_logits, *logits_BHQK.shape[-3:])
         logits_BHQK = logits_BHQK + mask_bias(mask_logits, mask_scale, logits_BHQK.dtype)
     if causal:
-        q_len, kv_len = logits_BHQK.shape[-2:]
-        visible = jnp.tril(jnp.ones((q_len, kv_len), bool), kv_len - q_len)
-        return jax.nn.softmax(logits_BHQK, axis=-1, where=visible)
+        return jax.nn.softmax(logits_BHQK, axis=-1, where=causal_visible(*logits_BHQK.shape[-2:]))
     return jax.nn.softmax(logits_BHQK, axis=-1)
 
 
@@ -177,7 +197,9 @@ def masked_attention(
     q, k, v: [batch..., length, heads, head_dim] (Flax layout). mask_logits broadcasts to
     [heads, q_len, kv_len]; None gives plain attention. log_sigmoid <= 0, so the bias can only
     close entries; a row with every entry closed is uniform again after softmax. causal adds a hard
-    causal mask (keys after the query never seen).
+    causal mask (keys after the query never seen), aligned bottom-right: with fewer queries than keys (a
+    decode step against its cache) query i sits at key position kv_len - q_len + i; `fused_attention` and
+    the drop-ins in `maskjax.bias` align it the same way.
     Returns [batch..., q_len, heads, head_dim] in q's dtype.
     """
     weights_BHQK = attention_weights(q, k, mask_logits, mask_scale=mask_scale, causal=causal)
@@ -196,18 +218,47 @@ def fused_attention(
 ) -> jax.Array:
     """`masked_attention` through jax.nn.dot_product_attention, the mask (plus any fixed `bias`) as its bias
     (same numbers to float rounding; the backend may fuse it). The bias is log_sigmoid(s * M) computed in
-    float32, as on the unfused path, and only then cast to the inputs' dtype. Self-attention layout
-    [batch..., length, heads, head_dim]."""
+    float32, as on the unfused path, and only then cast to the inputs' dtype. q: [batch..., q_len, heads,
+    head_dim], k and v: [batch..., kv_len, heads, head_dim].
+
+    causal: aligned bottom-right, as `masked_attention`: query i sits at key position kv_len - q_len + i
+    (cached decoding), not top-left as jax.nn.dot_product_attention(is_causal=True) aligns fewer queries.
+    bias: broadcastable to [heads, q_len, kv_len], or to [batch..., heads, q_len, kv_len] (per example)."""
     lead, (q_len, heads, _) = q.shape[:-3], q.shape[-3:]
+    kv_len = k.shape[-3]
     q4, k4, v4 = (a.reshape((-1, *a.shape[-3:])) for a in (q, k, v))
-    shape = (1, heads, q_len, k.shape[-3])
-    total = None if bias is None else jnp.broadcast_to(jnp.asarray(bias, q.dtype), shape)
+    shape = (1, heads, q_len, kv_len)
+    total = None if bias is None else per_example_bias(jnp.asarray(bias, q.dtype), lead, shape)
     if mask_logits is not None:
-        check_mask_logits(mask_logits, heads, q_len, k.shape[-3])
+        check_mask_logits(mask_logits, heads, q_len, kv_len)
         masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale).astype(q.dtype), shape)
         total = masked if total is None else total + masked
-    out = jax.nn.dot_product_attention(q4, k4, v4, bias=total, is_causal=causal)
+    if causal and q_len > kv_len:
+        raise ConfigError(f"causal attention of {q_len} queries against {kv_len} keys: a query would see no key")
+    # is_causal aligns top-left; with fewer queries than keys the bottom-right mask is passed explicitly.
+    visible = causal_visible(q_len, kv_len)[None, None] if causal and q_len != kv_len else None
+    out = jax.nn.dot_product_attention(q4, k4, v4, bias=total, mask=visible, is_causal=causal and q_len == kv_len)
     return out.reshape((*lead, *out.shape[1:]))
+
+
+def causal_visible(q_len: int, kv_len: int) -> jax.Array:
+    """[q_len, kv_len] Boolean of the keys each query sees: query i at key position kv_len - q_len + i."""
+    return jnp.tril(jnp.ones((q_len, kv_len), bool), kv_len - q_len)
+
+
+def per_example_bias(bias: jax.Array, lead: tuple[int, ...], shape: tuple[int, int, int, int]) -> jax.Array:
+    """A bias as jax.nn.dot_product_attention takes it, [1 or batch, heads, q, k]: [heads, q, k] (or fewer
+    axes) shared by every example, or [batch..., heads, q, k] flattened to the reshaped batch."""
+    if bias.ndim <= 3:
+        return jnp.broadcast_to(bias, shape)
+    try:
+        full = jnp.broadcast_to(bias, (*lead, *shape[1:]))
+    except ValueError:
+        raise ConfigError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to [batch..., heads, q_len, kv_len] = "
+            f"{[*lead, *shape[1:]]}"
+        ) from None
+    return full.reshape((-1, *shape[1:]))
 
 
 def attend(weights_BHQK: jax.Array, v: jax.Array) -> jax.Array:

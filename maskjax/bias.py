@@ -165,23 +165,39 @@ def add_attention_bias(
     (layout="BHQK"). The layout is a required name, never guessed from shapes (with heads == length both
     orders fit and a guess would be silently wrong); heads, queries and keys are read from the axes it names
     and checked against the mask. The sum is at least float32."""
-    axes = check_layout(layout)
+    check_layout(layout)
     if np.ndim(logits) != 4:
         raise ConfigError(f"attention logits of shape {tuple(np.shape(logits))} are not 4-D; layout {layout!r}")
-    _, first, second, kv_len = logits.shape
-    heads, q_len = (first, second) if axes == "HQK" else (second, first)
-    check_heads(mask_logits, mask_structure, heads)
-    bias = attention_bias(
-        mask_logits,
-        q_len,
-        kv_len,
-        mask_structure=mask_structure,
-        causal=causal,
-        mask_scale=mask_scale,
-        query_positions=query_positions,
-        layout=layout,
-    )
+    options = {
+        "mask_structure": mask_structure,
+        "causal": causal,
+        "mask_scale": mask_scale,
+        "query_positions": query_positions,
+    }
+    try:
+        bias = layout_bias(logits.shape, mask_logits, layout, **options)
+    except ConfigError as e:
+        fitting = [name for name in LAYOUT_AXES if name != layout and fits(logits.shape, mask_logits, name, options)]
+        hint = f"; layout {' or '.join(map(repr, fitting))} would fit" if fitting else ""
+        raise ConfigError(f"{e} (logits {tuple(logits.shape)} read as {layout!r}{hint})") from None
     return logits.astype(jnp.promote_types(logits.dtype, jnp.float32)) + bias
+
+
+def layout_bias(shape: Sequence[int], mask_logits: jax.Array, layout: BiasLayout, **options: object) -> jax.Array:
+    """The bias for logits of `shape` read in `layout`: heads and queries from the axes it names."""
+    _, first, second, kv_len = shape
+    heads, q_len = (first, second) if LAYOUT_AXES[layout] == "HQK" else (second, first)
+    check_heads(mask_logits, options["mask_structure"], heads)
+    return attention_bias(mask_logits, q_len, kv_len, layout=layout, **options)
+
+
+def fits(shape: Sequence[int], mask_logits: jax.Array, layout: BiasLayout, options: dict) -> bool:
+    """Whether the mask fits logits of `shape` read in `layout` (for the hint of a refused layout)."""
+    try:
+        jax.eval_shape(lambda m: layout_bias(shape, m, layout, **options), jnp.asarray(mask_logits))
+    except ConfigError:
+        return False
+    return True
 
 
 def biased_attention_fn(
@@ -395,8 +411,14 @@ FIXED_MASK_PARAM = "fixed_mask_logits"
 
 
 def leaf_name(path: Sequence) -> object:
-    """The last key of a parameter-tree path (a dict key or an attribute name)."""
-    last = path[-1] if path else None
+    """The name of the parameter a tree path leads to: its last dict key or attribute name. In an
+    `nnx.State` the path runs through the Variable to its array (`['mask_logits'].value`), so a trailing
+    attribute `value` is the Variable's, not the parameter's name (a dict key `value`, as Flax's value
+    projection, is a name)."""
+    keys = list(path)
+    while keys and isinstance(keys[-1], jax.tree_util.GetAttrKey) and keys[-1].name in ("value", "raw_value"):
+        keys.pop()
+    last = keys[-1] if keys else None
     return getattr(last, "key", getattr(last, "name", None))
 
 
@@ -431,15 +453,28 @@ def decay_mask(params: object) -> object:
 def with_mask_params(pretrained: dict, initialised: dict) -> dict:
     """A masked model's parameters from a pretrained checkpoint of the unmasked model: every parameter from
     `pretrained`, every mask from `initialised` (the masked model's own `init`). Anything else that differs
-    is an error that names it, so a checkpoint of another model is not silently mixed in."""
+    (a parameter missing or extra, or of another shape or dtype) is an error that names it, so a checkpoint
+    of another model is not silently mixed in."""
     given = dict(jax.tree_util.tree_flatten_with_path(pretrained)[0])
     wanted = dict(jax.tree_util.tree_flatten_with_path(initialised)[0])
     missing = [jax.tree_util.keystr(p) for p in wanted if not is_mask(p) and p not in given]
     extra = [jax.tree_util.keystr(p) for p in given if p not in wanted]
-    if missing or extra:
+    mismatched = [
+        f"{jax.tree_util.keystr(p)} is {describe(given[p])} in the checkpoint, {describe(leaf)} in the model"
+        for p, leaf in wanted.items()
+        if not is_mask(p) and p in given and describe(given[p]) != describe(leaf)
+    ]
+    if missing or extra or mismatched:
         parts = [
             f"missing {', '.join(missing)}" if missing else "",
             f"not in the model {', '.join(extra)}" if extra else "",
+            "; ".join(mismatched),
         ]
         raise ConfigError("the pretrained parameters do not fit the masked model: " + "; ".join(filter(None, parts)))
     return jax.tree_util.tree_map_with_path(lambda path, leaf: leaf if is_mask(path) else given[path], initialised)
+
+
+def describe(leaf: object) -> str:
+    """A parameter's shape and dtype as an error message names them."""
+    dtype = leaf.dtype if hasattr(leaf, "dtype") else np.result_type(leaf)
+    return f"{list(np.shape(leaf))} {dtype}"

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from maskjax.errors import ConfigError
 from maskjax.train import to_host
@@ -69,6 +70,11 @@ def _rewrap_keys(raw: Any, like: Any) -> Any:
     return jax.tree.map(lambda r, leaf: jax.random.wrap_key_data(r) if _is_key(leaf) else r, raw, like)
 
 
+# What reading a damaged or half-written checkpoint raises (orbax and tensorstore: missing or truncated files,
+# unparsable metadata). Anything else is a bug and keeps its traceback.
+READ_ERRORS = (OSError, ValueError, KeyError, EOFError)
+
+
 class SweepCheckpoints:
     """Checkpoints of one vmapped group under `directory`, the last `keep` kept.
 
@@ -93,10 +99,15 @@ class SweepCheckpoints:
             self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def due(self, done: int, previous: int) -> bool:
-        """Save after this chunk? Every `every_steps` steps if set, else once `every_seconds` have passed."""
+        """Save after this chunk? Every `every_steps` steps if set, else once `every_seconds` have passed by
+        process 0's clock, which every process follows: saving is collective, so hosts whose clocks
+        disagreed would wait on each other for ever."""
         if self.every_steps is not None:
             return done // self.every_steps > previous // self.every_steps
-        return time.monotonic() - self.last_save >= self.every_seconds
+        late = time.monotonic() - self.last_save >= self.every_seconds
+        if jax.process_count() > 1:
+            late = bool(multihost_utils.broadcast_one_to_all(np.asarray(late)))
+        return late
 
     def save(self, step: int, state: Any, history: dict[str, np.ndarray]) -> None:
         """history: per name, what the batch has logged so far (losses, probes), runs first."""
@@ -131,9 +142,10 @@ class SweepCheckpoints:
                     )["state"]
             except CheckpointError:
                 raise
-            except Exception as e:  # an unreadable file: fall back to the previous checkpoint
+            except READ_ERRORS as e:  # an unreadable file: fall back to the previous checkpoint
                 if log is not None:
-                    log(f"checkpoint at step {step} is unreadable ({type(e).__name__}); trying the previous one")
+                    reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                    log(f"checkpoint at step {step} is unreadable ({reason}); trying the previous one")
                 continue
             state = _rewrap_keys(restored["state"], like)
             return int(meta["step"]), state, {name: np.asarray(v) for name, v in restored["history"].items()}

@@ -79,7 +79,9 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
             held = {k: v for k, v in json.loads(config_path.read_text()).items() if k != "environment"}
         except (OSError, json.JSONDecodeError):
             raise SweepError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
-    same = held == json.loads(json.dumps(config, default=str))
+    wanted = json.loads(json.dumps(config, default=str))
+    older = [flat_sweep_record(wanted)] if is_nested(wanted) else []
+    same = held is not None and held in [wanted, *older]
     if control.resume and control.overwrite:
         raise SweepError("--resume and --overwrite exclude each other")
     if control.resume:
@@ -97,8 +99,31 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
             "--overwrite to replace it, or choose another --out"
         )
     if control.overwrite:
+        set_aside(out)
         remove_tree(out / "checkpoints")
     return []
+
+
+# What an overwritten sweep's results are moved into, under out/, before anything new is written.
+REPLACED = "replaced"
+RESULT_FILES = ("results.jsonl", "summary.md", "maps")
+
+
+def set_aside(out: Path) -> Path | None:
+    """Move the results of the sweep an --overwrite replaces into out/replaced/<time>/ (process 0 only).
+
+    Why: left in place, an interrupted new sweep would later `--resume` over the old records and adopt
+    them as its own; moved aside (each a rename, atomic), they can neither be adopted nor lost."""
+    present = [out / name for name in RESULT_FILES if (out / name).exists()]
+    if not present or jax.process_index() != 0:
+        return None
+    aside = out / REPLACED / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    while aside.exists():
+        aside = aside.with_name(aside.name + "+")
+    aside.mkdir(parents=True)
+    for path in present:
+        path.rename(aside / path.name)
+    return aside
 
 
 def remove_tree(path: Path) -> None:
@@ -172,6 +197,18 @@ def run_sweep(
     return records
 
 
+def check_group_names(groups: Sequence[Group]) -> None:
+    """Refuse two groups whose names print alike: they would share a checkpoint folder and a maps file."""
+    seen: dict[str, Group] = {}
+    for group in groups:
+        other = seen.setdefault(group.name, group)
+        if other is not group:
+            raise ConfigError(
+                f"groups {other.fields} and {group.fields} would both be named {group.name!r} (their checkpoints "
+                "and maps would collide); rename one, or give the values more digits"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class Result:
     """What `run` leaves: the folder, every record, the reference records and the printed table."""
@@ -194,22 +231,46 @@ def jsonable(value: Any) -> Any:
 
 
 def sweep_record(study: Study, plan: Plan, method_names: Sequence[str]) -> dict:
-    """config.json (less its environment): the study, its recorded scope, methods, seeds, the config and the
-    study's own keys. Two runs continue each other only when these are equal."""
+    """config.json (less its environment): the study, methods and seeds, then its recorded scope, the config
+    and the study's derived values, each nested under its own key so that no name shadows another (the
+    Boolean study's derived `steps` per task beside the config's `steps`). Two runs continue each other
+    only when these are equal."""
     scope = {
         f.name: jsonable(getattr(plan.scope, f.name))
         for f in dataclasses.fields(plan.scope)
         if f.metadata.get("record", True)
     }
-    config = jsonable(dataclasses.asdict(plan.config))
     return {
         "study": study.name,
-        **scope,
         "methods": list(method_names),
         "seeds": list(plan.seeds),
-        **config,
-        **study.describe(plan),
+        "scope": scope,
+        "config": jsonable(dataclasses.asdict(plan.config)),
+        "derived": study.describe(plan),
     }
+
+
+def flat_sweep_record(sweep: dict) -> dict:
+    """The flat form config.json had before it was nested (scope, config and derived values merged, later
+    keys winning), which older folders hold: a resume of such a folder compares against it."""
+    return {
+        "study": sweep["study"],
+        **sweep["scope"],
+        "methods": sweep["methods"],
+        "seeds": sweep["seeds"],
+        **sweep["config"],
+        **sweep["derived"],
+    }
+
+
+def is_nested(sweep: dict) -> bool:
+    """Whether a config.json (or a record's `config` field) is `sweep_record`'s nested form."""
+    return isinstance(sweep.get("config"), dict) and isinstance(sweep.get("scope"), dict)
+
+
+def sweep_config(sweep: dict) -> dict:
+    """The study's config from a config.json (or a record's `config` field), nested or of an older folder."""
+    return sweep["config"] if is_nested(sweep) else sweep
 
 
 def run(
@@ -261,10 +322,12 @@ def run(
 
         return GroupSpec(group.name, group.fields, len(seeds), train)
 
+    groups = study.groups(plan)
+    check_group_names(groups)
     records = run_sweep(
         out,
         sweep_record(study, plan, names),
-        [spec(g) for g in study.groups(plan)],
+        [spec(g) for g in groups],
         write,
         control,
         log,

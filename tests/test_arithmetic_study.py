@@ -81,7 +81,7 @@ def test_arithmetic_cli_end_to_end(cli, tmp_path):
             assert 0.0 < error[key] < error[(key[0], "vanilla", key[2])] - 0.05 < 1.0
     assert "| mul | 0.004 | mask | 2 | 0 |" in (out / "summary.md").read_text()
     config = json.loads((out / "config.json").read_text())
-    assert config["open_value"] == 5.0 and config["qk_opt_steps"] == 11
+    assert config["config"]["open_value"] == 5.0 and config["config"]["qk_opt_steps"] == 11
     assert (out / "seq_acc.png").read_bytes()[:4] == b"\x89PNG"
     assert (out / "mask_mul.png").read_bytes()[:4] == b"\x89PNG"
     assert "add 0.004 mask step 10/10" in result.stderr

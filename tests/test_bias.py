@@ -166,11 +166,15 @@ def test_pretrained_weights_load_into_the_masked_model_and_decay_skips_the_mask(
     params = maskjax.with_mask_params(pretrained, initialised)
     chex.assert_trees_all_equal(params["MaskBias_0"], initialised["MaskBias_0"])
     chex.assert_trees_all_equal({k: v for k, v in params.items() if k != "MaskBias_0"}, pretrained)
-    # an open mask (log_sigmoid(M) ~ 0 everywhere) leaves the pretrained model's function unchanged
-    opened = {**params, "MaskBias_0": {"mask_logits": jnp.full((2, 4, 4), 30.0)}}
-    np.testing.assert_allclose(
-        _Host(True).apply({"params": opened}, x), _Host(False).apply({"params": pretrained}, x), atol=1e-6
-    )
+    # a uniform mask (M = 0: every logit of a row shifted alike) leaves the pretrained model's function
+    # unchanged and can learn; an "open" mask of 30 also reproduces it, but its gradient is ~1e-13
+    host = lambda mask: {**params, "MaskBias_0": {"mask_logits": jnp.full((2, 4, 4), mask)}}  # noqa: E731
+    gradient = jax.grad(lambda p: jnp.sum(jnp.sin(_Host(True).apply({"params": p}, x))))
+    for mask, smallest, largest in ((0.0, 1e-4, np.inf), (30.0, 0.0, 1e-11)):
+        np.testing.assert_allclose(
+            _Host(True).apply({"params": host(mask)}, x), _Host(False).apply({"params": pretrained}, x), atol=1e-6
+        )
+        assert smallest < np.abs(gradient(host(mask))["MaskBias_0"]["mask_logits"]).max() < largest
     decays = maskjax.decay_mask(params)
     assert decays["MaskBias_0"]["mask_logits"] is False and decays["Dense_0"]["kernel"] is True
     optimizer = optax.adamw(1e-2, weight_decay=0.5, mask=maskjax.decay_mask)
@@ -180,3 +184,67 @@ def test_pretrained_weights_load_into_the_masked_model_and_decay_skips_the_mask(
         maskjax.with_mask_params({**pretrained, "Dense_0": {"kernel": pretrained["Dense_0"]["kernel"]}}, initialised)
     with pytest.raises(ValueError, match=r"not in the model \['Extra'\]"):
         maskjax.with_mask_params({**pretrained, "Extra": jnp.zeros(2)}, initialised)
+
+
+def test_with_mask_params_refuses_a_parameter_of_another_shape_or_dtype_by_name():
+    x = jax.random.normal(jax.random.key(0), (2, 4, 8))
+    pretrained = _Host(False).init(jax.random.key(1), x)["params"]
+    initialised = _Host(True).init(jax.random.key(2), x)["params"]
+    wider = {**pretrained, "Dense_0": {**pretrained["Dense_0"], "kernel": jnp.zeros((8, 9))}}
+    with pytest.raises(maskjax.ConfigError, match=r"\['Dense_0'\]\['kernel'\] is \[8, 9\] float32 in the checkpoint"):
+        maskjax.with_mask_params(wider, initialised)
+    halved = jax.tree.map(lambda leaf: leaf.astype(jnp.bfloat16), pretrained)
+    with pytest.raises(maskjax.ConfigError, match="bfloat16 in the checkpoint, .* float32 in the model"):
+        maskjax.with_mask_params(halved, initialised)
+
+
+def test_decay_mask_and_fixed_masks_find_the_mask_in_an_nnx_state_in_the_functional_loop():
+    """nnx.split gives an nnx.State whose paths run through each Variable to `.value`; the mask is still
+    found there, so optax's decay leaves it and `freeze_fixed_masks` holds a fixed one in params."""
+    rngs = nnx.Rngs(0)
+    bias = NNXMaskBias(HEADS, LENGTH, mask_init=PATTERN, rngs=rngs)
+    attention = nnx.MultiHeadAttention(HEADS, FEATURES, decode=False, attention_fn=bias, rngs=rngs)
+    graph, params, rest = nnx.split(attention, nnx.Param, ...)
+    optimizer = optax.adamw(0.1, weight_decay=0.5, mask=maskjax.decay_mask)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = optimizer.update(zero, optimizer.init(params), params)
+    assert not np.any(updates["attention_fn"]["mask_logits"][...]), "weight decay moved the mask"
+    assert np.any(updates["query"]["kernel"][...])
+    stepped = nnx.merge(graph, optax.apply_updates(params, updates), rest)
+    np.testing.assert_array_equal(
+        stepped.attention_fn.mask_logits[...], np.broadcast_to(PATTERN, (HEADS, LENGTH, LENGTH))
+    )
+    # the same through nnx.Optimizer, which hands optax the model's Param state
+    trainer = nnx.Optimizer(attention, optax.adamw(0.1, weight_decay=0.5, mask=maskjax.decay_mask), wrt=nnx.Param)
+    trainer.update(attention, jax.tree.map(jnp.zeros_like, nnx.state(attention, nnx.Param)))
+    np.testing.assert_array_equal(
+        attention.attention_fn.mask_logits[...], np.broadcast_to(PATTERN, (HEADS, LENGTH, LENGTH))
+    )
+    state = nnx.State({"block": {maskjax.bias.FIXED_MASK_PARAM: nnx.Param(jnp.ones(3)), "w": nnx.Param(jnp.ones(3))}})
+    frozen = jax.tree_util.tree_leaves(maskjax.fixed_masks(state))
+    assert sorted(frozen) == [False, True]
+
+
+def test_a_layout_that_does_not_fit_names_the_one_that_would():
+    logits_BTNS = jnp.zeros((2, LENGTH, 3, LENGTH))  # 3 heads, read as queries under "BHQK"
+    mask = np.zeros((3, LENGTH, LENGTH), np.float32)
+    with pytest.raises(maskjax.ConfigError, match="read as 'BHQK'; layout 'BQHK' or 'BTNS' would fit"):
+        maskjax.add_attention_bias(logits_BTNS, mask, layout="BHQK")
+    with pytest.raises(maskjax.ConfigError, match="read as 'BTNS'\\)$"):  # nothing fits: no hint
+        maskjax.add_attention_bias(jnp.zeros((2, 5, 3, 7)), mask, layout="BTNS")
+
+
+def test_a_trained_relative_mask_extends_to_a_longer_length_from_its_farthest_logit():
+    trained = jnp.asarray([[3.0, 1.0, -2.0], [0.5, 0.0, -1.0]])
+    longer = maskjax.extend_relative_mask(trained, 5)
+    np.testing.assert_array_equal(longer, [[3, 1, -2, -2, -2], [0.5, 0, -1, -1, -1]])
+    # over the old length the longer mask gives the same bias; a longer sequence now fits
+    np.testing.assert_array_equal(
+        maskjax.attention_bias(longer, 3, 3, mask_structure="toeplitz"),
+        maskjax.attention_bias(trained, 3, 3, mask_structure="toeplitz"),
+    )
+    assert maskjax.attention_bias(longer, 5, 5, mask_structure="toeplitz").shape == (1, 2, 5, 5)
+    both_ways = maskjax.extend_relative_mask(jnp.asarray([[1.0, 2.0, 3.0]]), 3, causal=False)
+    np.testing.assert_array_equal(both_ways, [[1, 1, 2, 3, 3]])  # offsets -1..1 of length 2 to -2..2
+    with pytest.raises(maskjax.ConfigError, match="shorter length 2"):
+        maskjax.extend_relative_mask(trained, 2)

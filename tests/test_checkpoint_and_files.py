@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -76,9 +78,19 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
     assert [p.name for p in tmp_path.iterdir()] == ["results.jsonl"]
 
 
-def test_environment_names_commit_jax_and_devices():
+def test_environment_names_the_checkouts_commit_and_the_devices(tmp_path, monkeypatch):
+    import re
+    import subprocess
+
+    root = Path(store.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True)
     env = store.environment()
-    assert env["jax_version"] == jax.__version__ and env["devices"] and env["git_commit"]
+    assert env["devices"] == [str(d) for d in jax.devices()] and env["backend"] == jax.default_backend()
+    if head.returncode == 0:  # a checkout: the commit that ran, marked when the tree differs from it
+        assert re.fullmatch(head.stdout.strip() + r"(\+dirty)?", env["git_commit"]), env["git_commit"]
+    # Without git (a wheel, a copied folder) the commit is said to be unknown, never an empty string.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert store.git_commit() == "unknown"
 
 
 def test_results_files_get_ordinary_permissions(tmp_path):

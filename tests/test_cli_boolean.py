@@ -43,9 +43,11 @@ def test_end_to_end_at_test_preset(end_to_end):
     assert "| 2parity | mdi | - | - | 75.00 |" in summary and "| threesym | mdi | - | - | 62.50 |" in summary
     assert "+-" in summary
     config = json.loads((out / "config.json").read_text())
-    assert config["model"]["dim"] == 16 and config["seeds"] == [0, 1] and config["environment"]["jax_version"]
-    assert {"dim", "depth", "heads", "head_dim", "mlp_dim", "dtype"} <= set(config["model"])
-    assert config["batch_size"] == 256 and config["steps"] == {"2parity": 10, "threesym": 10}
+    assert config["config"]["model"]["dim"] == 16 and config["seeds"] == [0, 1] and config["environment"]["jax_version"]
+    assert {"dim", "depth", "heads", "head_dim", "mlp_dim", "dtype"} <= set(config["config"]["model"])
+    # the config's own steps (None: the preset's epochs decide) and the steps derived per task both kept
+    assert config["config"]["batch_size"] == 256 and config["derived"]["steps"] == {"2parity": 10, "threesym": 10}
+    assert config["config"]["steps"] == 10 and config["scope"]["tasks"] == ["2parity", "threesym"]
     assert all(r["drift_steps"] == [0, 5, 10] and len(r["attention_drift"]) == 3 for r in records)
     for r in records:  # 10 steps: one window a step, the last one the end loss
         assert r["train_loss_steps"] == list(range(1, 11))
@@ -162,8 +164,8 @@ def test_optimizer_and_mask_weight_decay_reach_config_and_every_record(cli, tmp_
     )
     assert result.returncode == 0, result.stderr
     config = json.loads((out / "config.json").read_text())
-    assert config["optimizer"] == "sgd" and config["mask_weight_decay"] == 0.0
-    assert config["train"]["2parity"]["optimizer"] == "sgd"
+    assert config["config"]["optimizer"] == "sgd" and config["config"]["mask_weight_decay"] == 0.0
+    assert config["derived"]["train"]["2parity"]["optimizer"] == "sgd"
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 2
     for r in records:

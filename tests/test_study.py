@@ -66,7 +66,7 @@ def test_run_from_python_is_the_cli_path_and_writes_the_same_records(tmp_path):
     assert_matches_golden(result.records, "boolean")
     written = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert written == result.records and "| 2parity | mask |" in result.table
-    assert json.loads((out / "config.json").read_text())["tasks"] == ["2parity"]
+    assert json.loads((out / "config.json").read_text())["scope"]["tasks"] == ["2parity"]
     assert any("group 1 of 1: 2parity_mask, 2 runs" in line for line in lines)
     with pytest.raises(ConfigError, match="already holds 2 results"):
         run(boolean.STUDY, "test", out, methods=["mask"], seeds=[0, 1], log=lines.append)

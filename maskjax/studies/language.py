@@ -11,6 +11,7 @@ is scored: perplexity per token and bits per byte.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -327,14 +328,15 @@ def make_group(data: LanguageData, method: Method, seeds: Sequence[int], config:
 
 def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
     """Per run, the summed negative log-likelihood over every weighted target of `windows` ([runs]), and the
-    number of targets. A last partial chunk's filler windows weigh 0."""
+    number of targets. A last partial chunk's filler windows weigh 0. The windows are arguments of the
+    compiled program, not constants inside it (see `vision.evaluate`)."""
     (x, w), filler = runs.eval_chunks([windows, weights], eval_batch)
     if filler is not None:
         w = w * filler[..., None]
 
     @jax.jit
-    @jax.vmap
-    def one_run(params, constants):
+    @functools.partial(jax.vmap, in_axes=(0, 0, None, None))
+    def one_run(params, constants, x, w):
         variables = variables_of(params, constants)
 
         def chunk(batch):
@@ -343,7 +345,7 @@ def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndar
 
         return jax.lax.map(chunk, (x, w)).sum()
 
-    return to_host(one_run(state.params, state.constants)).astype(np.float64), float(weights.sum())
+    return to_host(one_run(state.params, state.constants, x, w)).astype(np.float64), float(weights.sum())
 
 
 def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
