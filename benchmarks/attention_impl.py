@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.step import int_list
-from experiments.cli import Parser, positive_int, run_main
 from maskjax.attention import MaskedSelfAttention
+from maskjax.cli.driver import Parser, positive_int, run_main
 
 
 def seconds_per_call(fn, *args, repeats: int) -> float:

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import torch_gotu
-from experiments.cli import (
+from maskjax import runs, store, tables
+from maskjax.cli.driver import (
     Parser,
     add_field_flags,
     add_seeds,
@@ -35,7 +36,6 @@ from experiments.cli import (
     progress,
     run_main,
 )
-from maskjax import runs, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.models.layers import ModelConfig

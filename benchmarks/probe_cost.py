@@ -23,8 +23,8 @@ import time
 import jax
 
 from benchmarks.train_step import time_batch
-from experiments.cli import Parser, name_list, positive_int, run_main
 from maskjax import store
+from maskjax.cli.driver import Parser, name_list, positive_int, run_main
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks import step
-from experiments.cli import Parser, positive_int, run_main
+from maskjax.cli.driver import Parser, positive_int, run_main
 
 # Trace events that are not one XLA kernel: the executor's own spans, Python frames, waits.
 NOT_KERNELS = re.compile(r"^(\$|ThunkExecutor|SlinkyThreadPool|PjitFunction|TfrtCpu|Thunk::|.*trace)")

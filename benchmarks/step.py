@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import torch_gotu
-from experiments.cli import Parser, name_list, positive_int, run_main
 from maskjax import overrides, store
+from maskjax.cli.driver import Parser, name_list, positive_int, run_main
 from maskjax.errors import ConfigError
 from maskjax.methods import get_method
 from maskjax.train import (

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from experiments.cli import Parser, UserError, run_main
+from maskjax.cli.driver import Parser, UserError, run_main
 
 
 def read_result(path: Path) -> dict:

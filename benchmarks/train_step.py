@@ -19,8 +19,8 @@ import sys
 
 from benchmarks import step, torch_gotu
 from benchmarks.step import int_list
-from experiments.cli import Parser, positive_int, run_main
 from maskjax import store
+from maskjax.cli.driver import Parser, positive_int, run_main
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task, two_parity

@@ -3,8 +3,8 @@ import argparse
 import jax.numpy as jnp
 import pytest
 
-from experiments.cli import UserError, run_main, seed_list
 from maskjax import store
+from maskjax.cli.driver import UserError, run_main, seed_list
 from maskjax.errors import ConfigError
 
 

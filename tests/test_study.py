@@ -6,8 +6,8 @@ import json
 import pytest
 from golden_check import assert_matches_golden
 
-from experiments import cli
 from maskjax import overrides
+from maskjax.cli import driver as cli
 from maskjax.errors import ConfigError
 from maskjax.runner import RunControl, run
 from maskjax.studies import arithmetic, boolean, language, vision
