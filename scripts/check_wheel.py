@@ -33,8 +33,8 @@ CORE_TESTS = (
     "test_properties.py",
 )
 TEST_TOOLS = ("pytest", "chex", "hypothesis")
-# Collects the installed distributions and the closure of maskjax's requirements (no extras, no markers
-# that exclude this interpreter), inside the new virtualenv.
+# Collects the installed distributions and the closure of maskjax's requirements, inside the new virtualenv:
+# maskjax with no extras, and each dependency with the extras its dependents ask of it (etils[epath]).
 CLOSURE = r"""
 import json, re
 from importlib import metadata
@@ -44,16 +44,17 @@ def norm(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 installed = {norm(d.metadata["Name"]) for d in metadata.distributions()}
-needed, todo = set(), ["maskjax"]
+needed, seen, todo = set(), set(), [("maskjax", ())]
 while todo:
-    name = todo.pop()
-    if name in needed:
+    name, extras = todo.pop()
+    if (name, extras) in seen:
         continue
+    seen.add((name, extras))
     needed.add(name)
     for text in metadata.requires(name) or []:
         req = Requirement(text)
-        if req.marker is None or req.marker.evaluate({"extra": ""}):
-            todo.append(norm(req.name))
+        if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+            todo.append((norm(req.name), tuple(sorted(req.extras))))
 print(json.dumps({"installed": sorted(installed), "needed": sorted(needed)}))
 """
 
