@@ -36,13 +36,23 @@ def test_no_import_circle():
 
 
 def test_the_library_never_imports_the_clis_and_each_study_cli_is_an_alias():
-    """Layers: experiments/ sits on maskjax/, never the reverse; a study's CLI only binds its study to the driver."""
+    """Layers: maskjax.cli sits on the library, never the reverse, and nothing in maskjax imports the
+    checkout's experiments/ or benchmarks/; a study's CLI only binds its study to the driver; each
+    experiments/ module is an alias of its program and imports nothing else."""
     for path in PACKAGE.rglob("*.py"):
+        in_cli = path.is_relative_to(PACKAGE / "cli")
         for node in ast.walk(ast.parse(path.read_text())):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
             assert not any(n.startswith(("experiments", "benchmarks")) for n in names), path
+            assert in_cli or not any(n.startswith("maskjax.cli") for n in names), path
     for study in ("boolean", "arithmetic", "vision", "language"):
-        tree = ast.parse((PACKAGE.parent / "experiments" / f"{study}.py").read_text())
+        tree = ast.parse((PACKAGE / "cli" / f"{study}.py").read_text())
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert modules == {"experiments", f"maskjax.studies.{study}"}, (study, modules)
+        assert modules == {"maskjax.cli", f"maskjax.studies.{study}"}, (study, modules)
+    for alias in (PACKAGE.parent / "experiments").glob("*.py"):
+        if alias.name != "__init__.py":
+            tree = ast.parse(alias.read_text())
+            modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            target = "driver" if alias.stem == "cli" else alias.stem
+            assert modules == {"experiments"} and (PACKAGE / "cli" / f"{target}.py").exists(), alias
