@@ -233,8 +233,6 @@ def fused_attention(
         check_mask_logits(mask_logits, heads, q_len, kv_len)
         masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale).astype(q.dtype), shape)
         total = masked if total is None else total + masked
-    if causal and q_len > kv_len:
-        raise ConfigError(f"causal attention of {q_len} queries against {kv_len} keys: a query would see no key")
     # is_causal aligns top-left; with fewer queries than keys the bottom-right mask is passed explicitly.
     visible = causal_visible(q_len, kv_len)[None, None] if causal and q_len != kv_len else None
     out = jax.nn.dot_product_attention(q4, k4, v4, bias=total, mask=visible, is_causal=causal and q_len == kv_len)
@@ -242,7 +240,10 @@ def fused_attention(
 
 
 def causal_visible(q_len: int, kv_len: int) -> jax.Array:
-    """[q_len, kv_len] Boolean of the keys each query sees: query i at key position kv_len - q_len + i."""
+    """[q_len, kv_len] Boolean of the keys each query sees: query i at key position kv_len - q_len + i. More
+    queries than keys are refused: the first would see no key."""
+    if q_len > kv_len:
+        raise ConfigError(f"causal attention of {q_len} queries against {kv_len} keys: a query would see no key")
     return jnp.tril(jnp.ones((q_len, kv_len), bool), kv_len - q_len)
 
 

@@ -288,3 +288,12 @@ def test_the_fused_path_computes_the_mask_bias_in_float32(monkeypatch):
         np.asarray(seen["bias"][0], np.float32),
         np.asarray(jnp.asarray(expected, jnp.float32).astype(jnp.bfloat16), np.float32),
     )
+
+
+def test_causal_attention_with_more_queries_than_keys_is_refused_on_every_path():
+    from maskjax.attention import fused_attention
+
+    q, kv = jnp.ones((1, 3, 2, 4)), jnp.ones((1, 2, 2, 4))
+    for attention in (maskjax.masked_attention, fused_attention):
+        with pytest.raises(maskjax.ConfigError, match="3 queries against 2 keys"):
+            attention(q, kv, kv, causal=True)
