@@ -242,3 +242,28 @@ def test_the_medium_preset_is_the_rung_the_ladder_passed():
     ran = {"optimizer": "adamw", "mask_weight_decay": None, **ran}
     medium = dataclasses.asdict(study.get_preset("medium"))
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
+
+
+def test_the_test_windows_are_arguments_of_the_scoring_program_not_constants_in_it(monkeypatch):
+    """Two test sets of one shape lower to the same program: the windows are not baked into it (at
+    TinyStories or WikiText-2 size a constant would slow the compile and fill the compilation cache)."""
+    config = study.PRESETS["test"]
+    model = study.make_model(30, get_method("vanilla"), config)
+    windows, weights = lt.pack(np.arange(40, dtype=np.int32) % 30, config.context)
+    variables = model.init(jax.random.key(0), jnp.asarray(windows[:1, :-1]))
+    one_run = RunState(jax.tree.map(lambda a: a[None], variables["params"]), {}, None, None)
+    programs, real_jit = [], jax.jit
+
+    def spy(fun, *args, **kwargs):
+        jitted = real_jit(fun, *args, **kwargs)
+
+        def call(*inputs):
+            programs.append(jitted.lower(*inputs).as_text())
+            return jitted(*inputs)
+
+        return call
+
+    monkeypatch.setattr(jax, "jit", spy)
+    study.score(model, one_run, windows, weights, 3)
+    study.score(model, one_run, (windows + 7) % 30, weights, 3)
+    assert len(programs) == 2 and programs[0] == programs[1]
