@@ -71,3 +71,11 @@ def test_the_experiments_aliases_are_the_cli_modules():
     from experiments import cli as driver
 
     assert audit is maskjax.cli.audit and boolean is maskjax.cli.boolean and driver is maskjax.cli.driver
+
+
+def test_a_program_started_as_the_console_script_names_itself_so(monkeypatch):
+    from maskjax.cli.driver import Parser
+
+    assert Parser(prog="python -m experiments.boolean").prog == "python -m experiments.boolean"
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/maskjax", "boolean"])
+    assert Parser(prog="python -m experiments.boolean").prog == "maskjax boolean"

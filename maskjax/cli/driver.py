@@ -24,12 +24,19 @@ class UserError(ConfigError):
     """Bad input from the command line: reported in one line, exit code 2."""
 
 
+CHECKOUT_PROG = "python -m experiments."
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line instead of a usage block. Every CLI built on it takes
     the runtime flags (--cpu-devices, --compile-cache), applied as soon as the command line is parsed,
-    before JAX starts its backends (`maskjax.runtime`)."""
+    before JAX starts its backends (`maskjax.runtime`). Started as the `maskjax` console script, a program
+    names itself `maskjax NAME` in its usage, not the checkout's `python -m experiments.NAME`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        prog = kwargs.get("prog") or ""
+        if prog.startswith(CHECKOUT_PROG) and Path(sys.argv[0]).name == "maskjax":
+            kwargs["prog"] = "maskjax " + prog.removeprefix(CHECKOUT_PROG)
         super().__init__(*args, **kwargs)
         group = self.add_argument_group("runtime")
         group.add_argument(
