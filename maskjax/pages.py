@@ -107,8 +107,9 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     """docs/design.md's ladder rule per rung (`source`) and group: the vanilla runs' key per seed, the
     reference it is held against (`against=`: the softmax-regression or n-gram folder), how many seeds pass
     and the verdict; `family=` vision, language or arithmetic picks the study's `ladder_rule`, arithmetic_floor
-    its `baseline_floor` (the paper's vanilla regime, issue 43)."""
-    from maskjax.studies import arithmetic, language, vision
+    its `baseline_floor` (the paper's vanilla regime, issue 43), boolean_floor the Boolean study's
+    `plateau_floor` (vanilla at the MDI plateau on the seen points)."""
+    from maskjax.studies import arithmetic, boolean, language, vision
 
     family, key, by = params["family"], params["key"], _names(params.get("by", ""))
     reference = records_of(folder, params["against"]) if "against" in params else []
@@ -130,15 +131,19 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
             rule, against = language.ladder_rule(rows, bigram), f"< {bigram:.4g}"
         elif family == "arithmetic":
             rule, against = arithmetic.ladder_rule(rows), f">= {100 * arithmetic.LADDER_FIT:g}"
+        elif family == "boolean_floor":
+            rule, against = boolean.plateau_floor(rows), f"seen >= {100 * boolean.SEEN_FLOOR:g}"
         elif family == "arithmetic_floor":
             paper = arithmetic.PAPER_VANILLA.get((rows[0]["op"], rows[0]["train_fraction"]))
             rule = arithmetic.baseline_floor(rows)
             against = f">= {tables.cell(paper, 'seq_acc')}, loss fall <= {100 * arithmetic.FLAT_TOLERANCE:g}%"
         else:
             raise ConfigError(
-                f"unknown ladder family {family!r}; known: vision, language, arithmetic, arithmetic_floor"
+                f"unknown ladder family {family!r}; known: vision, language, arithmetic, arithmetic_floor, "
+                "boolean_floor"
             )
-        by_seed = {r["seed"]: r.get(key) for r in rows}
+        value = boolean.seen_accuracy if family == "boolean_floor" else (lambda r: r.get(key))
+        by_seed = {r["seed"]: value(r) for r in rows}
         cells = [tables.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
         verdict = "passes" if rule["passes"] else "fails"
         lines.append(tables.markdown_row([source, *group, *cells, against, f"{rule['pass']}/{rule['seeds']}", verdict]))

@@ -460,6 +460,26 @@ def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
     }
 
 
+# Issue 43's floor for Cyclic3 (docs/design.md, "The low-data floor"): vanilla at the MDI's plateau, at
+# least this share of the seen points right, in at least 6 of 8 seeds.
+SEEN_FLOOR = 0.97
+
+
+def seen_accuracy(record: dict) -> float | None:
+    """Accuracy on the seen points alone, from the whole cube's and the unseen part's (records store those
+    two): acc_all = s * acc_seen + (1 - s) * acc_unseen, s the seen share of the cube."""
+    if record.get("acc_all") is None or record.get("acc_unseen") is None:
+        return None
+    share = seen_share(get_task(record["task"]))
+    return (record["acc_all"] - (1.0 - share) * record["acc_unseen"]) / share
+
+
+def plateau_floor(records: Sequence[dict], floor: float = SEEN_FLOOR) -> dict:
+    """How many vanilla seeds sit at the MDI plateau (at least `floor` of the seen points right); passes
+    when at least three quarters do."""
+    return runs.seed_verdict([(acc := seen_accuracy(r)) is not None and acc >= floor for r in records])
+
+
 def mdi_record(task: BooleanTask) -> dict:
     """The MDI's scores. Its unseen mean is rounded (and -0.0 made 0): the float64 solve's last bits
     depend on the CPU's BLAS kernels, and a mean that is 0 should not print as -1.11e-16 on some CPUs."""
