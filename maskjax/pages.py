@@ -150,6 +150,40 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     return "\n".join(lines) + "\n"
 
 
+def _decay(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
+    """A learnable mask's movement beside what weight decay alone would have done (issue 44): per method and
+    layer, the measured mean |M_T - M_0| at the end (`key`, default mask_change_mean), the decay-only
+    change (`train.decay_only_fraction` of the run's schedule times the layer's mean |M_0|, read from the
+    group's maps file `maps=TEMPLATE`, formatted with the record's fields, e.g. `{corpus}_{method}`), and
+    the rest, what the gradient moved. A frozen mask is not a parameter: decay never touches it."""
+    from maskjax.methods import get_method
+    from maskjax.runs import record_train_config
+    from maskjax.train import decay_only_fraction
+
+    key, template = params.get("key", "mask_change_mean"), params["maps"]
+    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for r in records:
+        if r.get(key) is None or get_method(r["method"]).mask_mode == "none":
+            continue
+        path = folder / r["source"] / "maps" / f"{template.format(**r)}.npz"
+        if not path.is_file():
+            raise ConfigError(f"a decay table needs the maps file {path}")
+        initial = store.read_maps(path)["mask_init"]
+        fraction = decay_only_fraction(record_train_config(r))
+        learnable = get_method(r["method"]).mask_mode == "learnable"
+        for layer, measured in enumerate(r[key][-1]):
+            alone = fraction * float(np.abs(initial[layer]).mean()) if learnable and fraction is not None else 0.0
+            rows.setdefault((r["method"], layer), []).append((measured, alone))
+    if not rows:
+        raise ConfigError(f"no record with a mask carries {key}")
+    lines = tables.markdown_head(["method", "layer", "seeds", "measured", "decay alone", "the rest (gradient)"])
+    for (method, layer), values in rows.items():
+        measured, alone = (float(np.mean(v)) for v in zip(*values, strict=True))
+        cells = [tables.cell(x, "mask_change") for x in (measured, alone, measured - alone)]
+        lines.append(tables.markdown_row([method, layer, len(values), *cells]))
+    return "\n".join(lines) + "\n"
+
+
 Kind = Callable[[Sequence[dict], dict[str, str], Path], str]  # records, the block's parameters, the page's folder
 KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "summary": (_summary, ("keys", "by")),
@@ -158,6 +192,7 @@ KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "count": (_count, ()),
     "values": (_values, ("by", "fields")),
     "ladder": (_ladder, ("family", "key")),
+    "decay": (_decay, ("maps",)),
 }
 
 

@@ -80,7 +80,7 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             raise SweepError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
     wanted = json.loads(json.dumps(config, default=str))
-    older = [flat_sweep_record(wanted)] if is_nested(wanted) else []
+    older = [flat_sweep_record(wanted)] if store.is_nested(wanted) else []
     same = held is not None and held in [wanted, *older]
     if control.resume and control.overwrite:
         raise SweepError("--resume and --overwrite exclude each other")
@@ -261,16 +261,6 @@ def flat_sweep_record(sweep: dict) -> dict:
         **sweep["config"],
         **sweep["derived"],
     }
-
-
-def is_nested(sweep: dict) -> bool:
-    """Whether a config.json (or a record's `config` field) is `sweep_record`'s nested form."""
-    return isinstance(sweep.get("config"), dict) and isinstance(sweep.get("scope"), dict)
-
-
-def sweep_config(sweep: dict) -> dict:
-    """The study's config from a config.json (or a record's `config` field), nested or of an older folder."""
-    return sweep["config"] if is_nested(sweep) else sweep
 
 
 def run(

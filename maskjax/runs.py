@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import mask_patterns, probes, qk_priors
+from maskjax import mask_patterns, probes, qk_priors, store
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.train import InitRun, RunState, TrainConfig, Trained, first_nonfinite_step, to_host, variables_of
@@ -164,6 +164,29 @@ def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[l
     return [int(w[-1]) + 1 for w in windows], [float(f"{m:.6g}") if np.isfinite(m) else None for m in means]
 
 
+def record_train_config(record: dict) -> TrainConfig:
+    """The schedule and decay a run trained with, read from its record (for `train.decay_only_fraction`).
+    Records carry weight_decay, schedule and warmup_steps since issue 44; an older record of a cosine study
+    gives them through its config (weight_decay, and warmup_fraction of the steps, as the vision and
+    language configs' train_config computes it)."""
+    steps = int(record["steps"])
+    config = store.sweep_config(record.get("config") or {})
+    if "schedule" in record:
+        schedule, warmup, decay = record["schedule"], record["warmup_steps"], record["weight_decay"]
+    else:
+        schedule, decay = "cosine", config["weight_decay"]
+        warmup = int(config.get("warmup_fraction", 0.0) * steps)
+    return TrainConfig(
+        steps,
+        learning_rate=record["learning_rate"],
+        weight_decay=decay,
+        optimizer=record["optimizer"],
+        schedule=schedule,
+        mask_weight_decay=record.get("mask_weight_decay"),
+        warmup_steps=warmup,
+    )
+
+
 def outcome_fields(
     trained: Trained, config: TrainConfig, seconds: float, failed: np.ndarray | None = None
 ) -> list[dict]:
@@ -188,6 +211,9 @@ def outcome_fields(
                 "learning_rate": config.learning_rate,
                 "optimizer": config.optimizer,
                 "mask_weight_decay": config.mask_weight_decay,
+                "weight_decay": config.weight_decay,
+                "schedule": config.schedule,
+                "warmup_steps": config.warmup_steps,
                 "runs_in_batch": int(losses_RS.shape[0]),
                 "batch_seconds": round(seconds, 2),
                 "resumed_at_step": trained.resumed_at_step or None,

@@ -124,3 +124,14 @@ def ensure_writable_dir(path: Path) -> Path:
     except OSError as e:
         raise OutputFolderError(f"output folder {str(path)!r} is not writable ({e.strerror or e})") from None
     return path
+
+
+def is_nested(sweep: dict) -> bool:
+    """Whether a config.json (or a record's `config` field) is the runner's nested form (`study`, `methods`,
+    `seeds`, then `scope`, `config`, `derived`), not the flat merge older folders hold."""
+    return isinstance(sweep.get("config"), dict) and isinstance(sweep.get("scope"), dict)
+
+
+def sweep_config(sweep: dict) -> dict:
+    """The study's config from a config.json (or a record's `config` field), nested or of an older folder."""
+    return sweep["config"] if is_nested(sweep) else sweep

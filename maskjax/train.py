@@ -123,15 +123,33 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.clip_norm), optimizer)
 
 
-def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
+def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
+    """The config's learning rate: a constant, or optax's cosine schedule (after a linear warmup)."""
     if config.schedule == "constant":
-        rate = config.learning_rate
-    elif config.schedule == "cosine" and config.warmup_steps:
-        rate = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, max(1, config.steps))
-    elif config.schedule == "cosine":
-        rate = optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
-    else:
-        raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+        return config.learning_rate
+    if config.schedule == "cosine" and config.warmup_steps:
+        return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, max(1, config.steps))
+    if config.schedule == "cosine":
+        return optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
+    raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+
+
+def decay_only_fraction(config: TrainConfig) -> float | None:
+    """The share of a mask logit that weight decay alone removes over a run: 1 - prod_t (1 - lr_t * wd).
+
+    Why: AdamW's decay is decoupled, so with a zero gradient a logit m becomes m * prod_t (1 - lr_t * wd);
+    a mask's measured movement is read beside this, the rest being what the gradient did. None for Adam
+    with L2 and SGD, whose decay passes through the normalised or momentum step (no closed form)."""
+    if config.optimizer != "adamw":
+        return None
+    decay = config.weight_decay if config.mask_weight_decay is None else config.mask_weight_decay
+    rate = learning_rate(config)
+    rates = np.asarray(rate(jnp.arange(config.steps)) if callable(rate) else np.full(config.steps, rate), np.float64)
+    return float(1.0 - np.prod(1.0 - rates * decay))
+
+
+def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    rate = learning_rate(config)
     if config.mask_weight_decay is not None and not config.mask_weight_decay >= 0:
         raise ConfigError(f"mask weight decay must be >= 0, got {config.mask_weight_decay}")
     if config.optimizer == "adam":

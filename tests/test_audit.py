@@ -219,3 +219,43 @@ def test_the_cyclic3_floor_reads_the_seen_points_from_the_whole_cube_and_the_uns
     assert audit.main([str(page), "--write"]) == 0
     seeds = " | ".join(["97.50"] * 6 + ["96.90", "91.43"])
     assert f"| w64d4 | cyclic3 | {seeds} | seen >= 97 | 6/8 | passes |" in page.read_text()
+
+
+def test_decay_alone_is_the_closed_form_of_adamw_with_a_zero_gradient(tmp_path):
+    """Decoupled decay with a zero gradient multiplies a logit by (1 - lr_t * wd) each step: the closed form
+    equals optax.adamw stepped with zero gradients, and the page table puts it beside the measured change."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from maskjax import store
+    from maskjax.runs import record_train_config
+    from maskjax.train import TrainConfig, decay_only_fraction, make_optimizer
+
+    config = TrainConfig(50, learning_rate=0.1, weight_decay=0.3, optimizer="adamw", schedule="cosine", warmup_steps=5)
+    params = {"mask_logits": jnp.asarray([10.0, -10.0, 4.0])}
+    optimizer = make_optimizer(config)
+    state, moved = optimizer.init(params), params
+    for _ in range(config.steps):
+        updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, moved), state, moved)
+        moved = optax.apply_updates(moved, updates)
+    fraction = decay_only_fraction(config)
+    np.testing.assert_allclose(moved["mask_logits"], params["mask_logits"] * (1 - fraction), rtol=1e-5)
+    assert decay_only_fraction(TrainConfig(50, optimizer="adam")) is None  # L2 through Adam: no closed form
+    assert decay_only_fraction(TrainConfig(50, optimizer="adamw", mask_weight_decay=0.0)) == 0.0
+
+    run = {"method": "mask", "seed": 0, "steps": 50, "learning_rate": 0.1, "optimizer": "adamw",
+           "mask_weight_decay": None, "config": {"weight_decay": 0.3, "warmup_fraction": 0.1},
+           "mask_change_mean": [[0.0, 0.0], [2.0, 1.0]]}  # fmt: skip
+    assert record_train_config(run) == config  # an older record: its schedule from its config
+    frozen = {**run, "method": "mask_fixed", "mask_change_mean": [[0.0, 0.0], [0.0, 0.0]]}
+    _folder(tmp_path, "run", [run, frozen])
+    store.write_maps(tmp_path / "run" / "maps" / "g_mask.npz", {"mask_init": np.full((2, 3), -8.0)})
+    store.write_maps(tmp_path / "run" / "maps" / "g_mask_fixed.npz", {"mask_init": np.full((2, 3), -8.0)})
+    page = tmp_path / "decay.md"
+    page.write_text("<!-- table decay: from=run maps=g_{method} -->\n<!-- end table -->\n")
+    assert audit.main([str(page), "--write"]) == 0
+    alone = 8 * fraction
+    assert f"| mask | 0 | 1 | 2 | {alone:.4g} | {2 - alone:.4g} |" in page.read_text()
+    assert "| mask_fixed | 1 | 1 | 0 | 0 | 0 |" in page.read_text()  # a frozen mask is never decayed

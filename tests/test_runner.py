@@ -51,10 +51,10 @@ def test_config_json_nests_config_scope_and_derived_and_older_flat_folders_still
     sweep(out, nested, [spec("vanilla", 1.0)], runner.RunControl())
     held = json.loads((out / "config.json").read_text())
     assert held["config"]["steps"] is None and held["derived"]["steps"] == {"t": 10}  # neither shadows the other
-    assert runner.sweep_config(held) == {"steps": None, "lr": 1}
+    assert store.sweep_config(held) == {"steps": None, "lr": 1}
     # A folder written before the nesting holds the flat merge; resuming it with this code still works.
     flat = {**runner.flat_sweep_record(nested), "environment": held["environment"]}
-    assert flat["steps"] == {"t": 10} and runner.sweep_config(flat) is flat
+    assert flat["steps"] == {"t": 10} and store.sweep_config(flat) is flat
     (out / "config.json").write_text(json.dumps(flat))
     assert sweep(out, nested, [spec("vanilla", 1.0)], runner.RunControl(resume=True))[0]["value"] == 1.0
     changed = {**nested, "config": {"steps": None, "lr": 2}}

@@ -21,7 +21,7 @@ from matplotlib.ticker import NullFormatter
 from maskjax import plots, store, tables
 from maskjax.cli.driver import Parser, UserError, read_result_folders, run_main, source_line
 from maskjax.models.layers import ModelConfig
-from maskjax.runner import sweep_config
+from maskjax.store import sweep_config
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import cube, get_task
 
