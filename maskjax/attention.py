@@ -137,10 +137,12 @@ def extend_relative_mask(relative_HR: jax.Array | np.ndarray, length: int, *, ca
     return jnp.pad(relative_HR, ((0, 0), (0 if causal else grow, grow)), mode="edge")
 
 
-def alibi_bias(heads: int, length: int) -> np.ndarray:
-    """ALiBi's fixed bias -slope_h * (i - j) [heads, length, length] (Press et al. 2022): slopes
+def alibi_bias(heads: int, length: int, slopes: np.ndarray | None = None) -> np.ndarray:
+    """ALiBi's fixed bias -slope_h * (i - j) [heads, length, length] (Press et al. 2022): by default slopes
     2^(-8 (h + 1) / heads), the geometric sequence of the paper; future keys get 0 (a causal mask hides them)."""
-    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)
+    slopes = 2.0 ** (-8.0 * np.arange(1, heads + 1) / heads) if slopes is None else np.asarray(slopes, np.float64)
+    if slopes.shape != (heads,):
+        raise ConfigError(f"ALiBi needs one slope per head ({heads}), got shape {slopes.shape}")
     distance = np.maximum(np.arange(length)[:, None] - np.arange(length)[None, :], 0)
     return (-slopes[:, None, None] * distance).astype(np.float32)
 

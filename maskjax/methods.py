@@ -68,7 +68,7 @@ def check_in_study(method: Method, study: str) -> None:
 
 
 # Patterns through W_Q, W_K need a task pattern per head the study defines; mimetic and impulse need none.
-QK_STUDIES = ("boolean", "arithmetic")
+QK_STUDIES = ("boolean", "arithmetic", "language")
 INIT_STUDIES = ("boolean", "arithmetic", "vision")
 
 register(Method("vanilla", description="plain attention, framework initialisation"))
@@ -95,7 +95,7 @@ register(
     Method(
         "mimetic",
         qk_init="mimetic",
-        studies=INIT_STUDIES,
+        studies=(*INIT_STUDIES, "language"),
         description="mimetic init: W_Q W_K^T ~ I, W_V W_O ~ -I; no task pattern",
     )
 )
@@ -176,5 +176,13 @@ register(
         position_bias="alibi",
         studies=("language",),
         description="ALiBi's fixed linear distance bias, a published control",
+    )
+)
+register(
+    Method(
+        "alibi_matched",
+        position_bias="alibi_matched",
+        studies=("language",),
+        description="ALiBi with each head's slope matched to the mask's initial window (scale / w_h per token)",
     )
 )

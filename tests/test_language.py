@@ -1,6 +1,7 @@
 """The language study: the relative mask against dense references, causality, the scores, seeds in a batch,
 and the CLI end to end on a tiny corpus."""
 
+import dataclasses
 import json
 import math
 
@@ -178,7 +179,7 @@ def test_cli_writes_every_output(cli, tmp_path, tiny_text):
     "args, message",
     [
         (["--corpus=shakespeare"], "invalid choice"),
-        (["--methods=vanilla,qk_svd"], "not defined for the language study"),
+        (["--methods=vanilla,impulse"], "not defined for the language study"),
         (["--scale=0"], "expected a finite number > 0"),
         (["--scale=-10"], "expected a finite number > 0"),
         (["--context=16", "--max-positions=8"], "longer than the position table"),
@@ -234,12 +235,12 @@ def test_ngram_cli_writes_its_floors(cli, tmp_path, tiny_text):
 
 def test_the_medium_preset_is_the_rung_the_ladder_passed():
     """docs/results/language_ladder.md names `medium`; its config is that run's, field for field. The run
-    predates the optimizer fields; the code then hard-wired AdamW with the mask decayed like the rest."""
-    import dataclasses
+    predates the optimizer fields (the code then hard-wired AdamW with the mask decayed like the rest) and
+    the QK-prior fields of issue 44, which no method of that run reads."""
     from pathlib import Path
 
     ran = json.loads((Path(__file__).parent.parent / "docs/results/language_ladder/l128d4/config.json").read_text())
-    ran = {"optimizer": "adamw", "mask_weight_decay": None, **ran}
+    ran = {"optimizer": "adamw", "mask_weight_decay": None, "qk_opt_steps": 10_000, "qk_position_scale": 5.0, **ran}
     medium = dataclasses.asdict(study.get_preset("medium"))
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
 
@@ -267,3 +268,38 @@ def test_the_test_windows_are_arguments_of_the_scoring_program_not_constants_in_
     study.score(model, one_run, windows, weights, 3)
     study.score(model, one_run, (windows + 7) % 30, weights, 3)
     assert len(programs) == 2 and programs[0] == programs[1]
+
+
+def test_matched_alibi_slopes_follow_the_windows_tail_and_reach_the_model():
+    config = study.PRESETS["test"]  # 2 heads: windows 2 and 4, scale 10
+    assert study.matched_slopes(config) == (5.0, 2.5)
+    model = study.make_model(40, get_method("alibi_matched"), config)
+    assert model.position_bias == "alibi" and model.alibi_slopes == (5.0, 2.5)
+    assert study.make_model(40, get_method("alibi"), config).alibi_slopes is None  # the paper's slopes
+    bias = alibi_bias(2, 4, np.asarray([5.0, 2.5]))
+    np.testing.assert_allclose(bias[:, 3, 0], [-15.0, -7.5])
+    with pytest.raises(ValueError, match="one slope per head"):
+        alibi_bias(2, 4, np.ones(3))
+
+
+@pytest.mark.parametrize("name", ["qk_svd", "qk_opt", "mimetic"])
+def test_the_qk_priors_of_the_window_train_in_the_language_study(tiny_data, name):
+    """The relative window injected through W_Q W_K (issue 44): the group initialises and trains, and each
+    record says how near layer 0's attention starts to the window's (pattern_error_init)."""
+    config = study.PRESETS["test"]
+    records, _ = study.run_group(tiny_data, get_method(name), [0], config)
+    assert records[0]["method"] == name and np.isfinite(records[0]["test_bpb"])
+    assert 0.0 <= records[0]["pattern_error_init"] <= 1.0
+    pattern, target = study.window_prior(config)
+    assert pattern.shape == target.shape == (2, config.context, config.context)
+    np.testing.assert_allclose(target.sum(-1), 1.0, rtol=1e-6)
+    assert not np.any(np.triu(target[0], 1)) and pattern[0, 3, 2] and not pattern[0, 3, 1]  # w_0 = 2
+
+
+def test_the_svd_prior_starts_nearer_the_window_than_default_init(tiny_data):
+    config = study.PRESETS["test"]
+    errors = {
+        name: study.run_group(tiny_data, get_method(name), [0], config)[0][0]["pattern_error_init"]
+        for name in ("qk_svd", "vanilla", "mask")
+    }
+    assert errors["mask"] < errors["qk_svd"] < errors["vanilla"], errors

@@ -34,7 +34,8 @@ class CausalTransformer(nn.Module):
     mask_init broadcasts to the mask's stored shape ([heads, length, length], or [heads, length] for a
     Toeplitz mask) and starts every layer's mask. share_mask: one mask for all layers, the parameter
     `shared_mask/mask_logits`, applied as each block's fixed bias (its gradient sums over the layers).
-    position_bias "alibi" adds ALiBi's fixed bias in every layer, beside the learned positions.
+    position_bias "alibi" adds ALiBi's fixed bias in every layer, beside the learned positions, with the
+    paper's slopes, or with `alibi_slopes` (one per head) when given.
     """
 
     vocab: int
@@ -47,6 +48,7 @@ class CausalTransformer(nn.Module):
     mask_structure: MaskStructure = "full"
     share_mask: bool = False
     position_bias: PositionBias = "none"
+    alibi_slopes: tuple[float, ...] | None = None
 
     @nn.compact
     def __call__(self, tokens_BL: jax.Array) -> jax.Array:
@@ -55,7 +57,7 @@ class CausalTransformer(nn.Module):
         normal = nn.initializers.normal(1.0)
         h = nn.Embed(self.vocab, c.dim, embedding_init=normal, name="token_embed")(tokens_BL)
         h = h + self.param("pos_embed", normal, (self.length, c.dim))[:length]
-        bias = jnp.asarray(alibi_bias(c.heads, length)) if self.position_bias == "alibi" else None
+        bias = jnp.asarray(alibi_bias(c.heads, length, self.alibi_slopes)) if self.position_bias == "alibi" else None
         block_mask_mode = self.mask_mode
         if self.share_mask and self.mask_mode != "none":
             shared = SharedMask(c.heads, self.mask_mode, self.mask_init, self.mask_structure, name="shared_mask")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import plots, probes, runs, tables
+from maskjax import mask_patterns, plots, probes, qk_priors, runs, tables
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data import text, tokenizer
 from maskjax.errors import ConfigError
@@ -68,6 +68,10 @@ class LanguageConfig:
     val_windows: int = option(32, help="validation windows of the per-chunk probe")
     drift_windows: int = option(4, help="windows of the attention-drift probe")
     eval_batch: int = option(32, help="test windows scored at once")
+    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+    qk_position_scale: float = option(
+        qk_priors.POSITION_SCALE, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
+    )
     optimizer: str = optimizer_option("adamw")
     mask_weight_decay: float | None = mask_decay_option()
 
@@ -117,6 +121,7 @@ PRESETS: dict[str, LanguageConfig] = {
         val_windows=4,
         drift_windows=2,
         eval_batch=4,
+        qk_opt_steps=20,
     ),
 }
 
@@ -185,6 +190,19 @@ def initial_mask(method: Method, config: LanguageConfig) -> np.ndarray:
     return relative[:, np.clip(distance, 0, None)]
 
 
+def window_prior(config: LanguageConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The relative window as the QK priors take it (issue 44: the same prior injected through W_Q W_K):
+    per head, the open pattern [heads, context, context] (keys 0..w_h - 1 tokens back) and the attention
+    the mask asks for at init, softmax of log_sigmoid(s * M) over the visible keys."""
+    context = config.context
+    distance = np.arange(context)[:, None] - np.arange(context)[None, :]
+    widths = lt.window_widths(config.model.heads)[:, None, None]
+    pattern = (distance >= 0) & (distance < widths)
+    full = lt.relative_mask_logits(config.model.heads, context, config.mask_init)[:, np.clip(distance, 0, None)]
+    target = mask_patterns.row_distribution(np.where(distance >= 0, config.scale * full, -np.inf))
+    return pattern.astype(np.float32), target.astype(np.float32)
+
+
 def make_model(vocab: int, method: Method, config: LanguageConfig, mask_init=None) -> CausalTransformer:
     return CausalTransformer(
         vocab,
@@ -196,8 +214,16 @@ def make_model(vocab: int, method: Method, config: LanguageConfig, mask_init=Non
         mask_scale=config.scale,
         mask_structure=mask_structure(method),
         share_mask=config.share_mask,
-        position_bias=method.position_bias,
+        position_bias="alibi" if method.position_bias == "alibi_matched" else method.position_bias,
+        alibi_slopes=matched_slopes(config) if method.position_bias == "alibi_matched" else None,
     )
+
+
+def matched_slopes(config: LanguageConfig) -> tuple[float, ...]:
+    """ALiBi slopes matched to the mask's initial window: beyond its width w_h the window's bias
+    log_sigmoid(s (1 - d / w_h)) falls by about s / w_h per token (5 to 0.625 at s = 10, w_h = 2..16), where
+    the paper's ALiBi slopes are 1/4 to 1/256 (issue 44: a control for 'a recency prior against none')."""
+    return tuple(float(config.scale / w) for w in lt.window_widths(config.model.heads))
 
 
 def window_nll(logits_BLV: jax.Array, windows_BW: jax.Array) -> jax.Array:
@@ -240,14 +266,18 @@ def run_group(
     val_w = jnp.asarray(data.val_weights[: config.val_windows])
     drift_x = val_x[: config.drift_windows, :-1]
     has_mask = method.mask_mode != "none"
+    window_HNN = jnp.asarray(window_prior(config)[1])
 
     def probe(initial, state) -> dict[str, jax.Array]:
         variables = variables_of(state.params, state.constants)
         start = variables_of(initial.params, initial.constants)
         nll = window_nll(model.apply(variables, val_x[:, :-1]), val_x)
+        attention_LBHNN = runs.sown(model, variables, drift_x, "attention")
         out = {
             "val_loss": (nll * val_w).sum() / val_w.sum(),
             "attention_drift": runs.attention_drift(model, start, variables, drift_x),
+            # every layer's distance to the window's attention (the prior every method is held against)
+            "window_distance": 0.5 * jnp.abs(attention_LBHNN - window_HNN).sum(-1).mean((1, 2, 3)),
         }
         if has_mask:
             out |= probes.mask_persistence(mask_profiles(model, method, start), mask_profiles(model, method, variables))
@@ -265,6 +295,8 @@ def run_group(
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     nll_sum, tokens = score(model, final, data.test, data.test_weights, config.eval_batch)
     outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(nll_sum))
+    # how near each run's layer 0 starts to the window's attention, on the drift probe's windows
+    pattern_error = runs.layer0_pattern_error(model, initial, drift_x, np.asarray(window_HNN))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
@@ -280,6 +312,7 @@ def run_group(
                 "test_tokens": int(tokens),
                 "test_bytes": int(data.test_bytes),
                 "train_windows": int(len(data.train)),
+                "pattern_error_init": pattern_error[i],
                 "drift_steps": curve_steps,
                 **runs.stored_curves(curves, i),
                 **outcomes[i],
@@ -310,13 +343,15 @@ def make_group(data: LanguageData, method: Method, seeds: Sequence[int], config:
     the training windows."""
     model = make_model(data.vocab_size, method, config)
     train_windows = jnp.asarray(data.train)
+    pattern_HNN, target_HNN = window_prior(config)
     init_run = runs.prior_init(
         lambda mask_logits: make_model(data.vocab_size, method, config, mask_logits),
         method,
         train_windows[:1, :-1],
-        jnp.zeros((1, 1, 1)),
-        jnp.zeros((1, 1, 1)),
-        0,
+        jnp.asarray(pattern_HNN),
+        jnp.asarray(target_HNN),
+        config.qk_opt_steps,
+        config.qk_position_scale,
     )
 
     def loss(params, constants, windows_BW):
@@ -365,7 +400,7 @@ class LanguageScope:
 KEYS = ("test_ppl", "test_bpb", "train_loss")
 GROUPS = ("corpus", "method")
 CURVE_KEYS = ("val_loss",)
-PERSISTENCE_KEYS = ("attention_drift", "mask_change_mean", "mask_sign_kept")
+PERSISTENCE_KEYS = ("attention_drift", "window_distance", "mask_change_mean", "mask_sign_kept")
 BIAS_FLOOR = -15.0  # below this an entry is closed for any q.k logit of a small model; the plot clips there
 
 
