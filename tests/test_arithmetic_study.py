@@ -112,7 +112,8 @@ def test_the_registry_is_the_one_allow_list():
     for name in ("boolean", "arithmetic", "vision", "language"):
         assert {"vanilla", "mask", "mask_fixed", "mask_zero"} <= set(methods_for(name))
     assert "qk_svd" not in methods_for("vision") and "mask_random" not in methods_for("arithmetic")
-    assert methods_for("language")[-1] == "alibi" and "alibi" not in methods_for("boolean")
+    assert {"alibi", "alibi_matched", "qk_svd", "qk_opt", "mimetic"} <= set(methods_for("language"))
+    assert "impulse" not in methods_for("language") and "alibi" not in methods_for("boolean")
 
 
 @pytest.mark.parametrize("method", ["qk_svd", "qk_opt"])
