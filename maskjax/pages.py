@@ -106,7 +106,8 @@ def _values(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
 def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     """docs/design.md's ladder rule per rung (`source`) and group: the vanilla runs' key per seed, the
     reference it is held against (`against=`: the softmax-regression or n-gram folder), how many seeds pass
-    and the verdict; `family=` vision, language or arithmetic picks the study's `ladder_rule`, arithmetic_floor
+    and the verdict; `rung=NAME` reads every folder as one rung (seeds split over folders); `family=` vision,
+    language or arithmetic picks the study's `ladder_rule`, arithmetic_floor
     its `baseline_floor` (the paper's vanilla regime, issue 43), boolean_floor the Boolean study's
     `plateau_floor` (vanilla at the MDI plateau on the seen points)."""
     from maskjax.studies import arithmetic, boolean, language, vision
@@ -116,7 +117,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("method") == "vanilla":
-            groups.setdefault((r["source"], *(r.get(b) for b in by)), []).append(r)
+            groups.setdefault((params.get("rung", r["source"]), *(r.get(b) for b in by)), []).append(r)
     seeds = sorted({r["seed"] for rows in groups.values() for r in rows})
     header = ["rung", *by, *[f"seed {s}" for s in seeds], "reference", "pass", "rule"]
     lines = tables.markdown_head(header)

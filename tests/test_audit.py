@@ -196,6 +196,15 @@ def test_the_arithmetic_floor_as_design_md_writes_it(tmp_path):
     )
     assert audit.main([str(page), "--write"]) == 0
     assert "| >= 5.01, loss fall <= 5% | 5/8 | fails |" in page.read_text()
+    # seeds split over two folders, read as one rung
+    _folder(tmp_path, "first", records[:4])
+    _folder(tmp_path, "second", records[4:])
+    page.write_text(
+        "<!-- table ladder: from=first,second rung=both family=arithmetic_floor key=seq_acc by=op -->\n"
+        "<!-- end table -->\n"
+    )
+    assert audit.main([str(page), "--write"]) == 0
+    assert "| both | mul |" in page.read_text() and "| 5/8 | fails |" in page.read_text()
 
 
 def test_the_cyclic3_floor_reads_the_seen_points_from_the_whole_cube_and_the_unseen_corner(tmp_path):
