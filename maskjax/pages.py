@@ -219,9 +219,14 @@ def select(records: Sequence[dict], where: str) -> list[dict]:
 
 
 def with_derived(record: dict, source: str) -> dict:
-    """The record with its folder's name as `source` (unless it has one) and its end-of-run values
-    (`maskjax.probes.end_of_run`: the drifts, mask changes and gradient norms `experiments.probes` prints)."""
-    return {"source": source, **probes.end_of_run(record), **record}
+    """The record with its folder's name as `source` (unless it has one), its end-of-run values
+    (`maskjax.probes.end_of_run`: the drifts, mask changes and gradient norms `experiments.probes` prints),
+    and how much its training loss still fell over the last tenth (`train_loss_fall`, for records written
+    before they carried it)."""
+    from maskjax.runs import loss_fall
+
+    derived = {"train_loss_fall": loss_fall(record)} if record.get("train_loss_curve") else {}
+    return {"source": source, **probes.end_of_run(record), **derived, **record}
 
 
 def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:

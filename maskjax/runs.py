@@ -164,6 +164,16 @@ def loss_curve(losses_S: np.ndarray, points: int = LOSS_CURVE_POINTS) -> tuple[l
     return [int(w[-1]) + 1 for w in windows], [float(f"{m:.6g}") if np.isfinite(m) else None for m in means]
 
 
+def loss_fall(record: dict) -> float | None:
+    """Relative fall of the training loss over the last tenth of the steps: from the window mean nearest 90%
+    of the steps to the last window's; None without a finite curve."""
+    curve, steps = record.get("train_loss_curve"), record.get("train_loss_steps")
+    if not curve or None in curve:
+        return None
+    start = int(np.argmin(np.abs(np.asarray(steps, np.float64) - 0.9 * steps[-1])))
+    return (curve[start] - curve[-1]) / curve[start]
+
+
 def record_train_config(record: dict) -> TrainConfig:
     """The schedule and decay a run trained with, read from its record (for `train.decay_only_fraction`).
     Records carry weight_decay, schedule and warmup_steps since issue 44; an older record of a cosine study
@@ -220,5 +230,3 @@ def outcome_fields(
             }
         )
     return fields
-
-

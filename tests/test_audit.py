@@ -162,6 +162,7 @@ def test_the_ladder_rules_as_design_md_writes_them(tmp_path):
 def test_the_arithmetic_floor_as_design_md_writes_it(tmp_path):
     """Issue 43's floor: held-out exact match at the paper's vanilla and a training loss that falls at most 5%
     over the last tenth of the steps, in 6 of 8 seeds; the page's table reads the same rule."""
+    from maskjax import runs
     from maskjax.studies import arithmetic
 
     steps = [293 * (i + 1) for i in range(20)]
@@ -178,8 +179,8 @@ def test_the_arithmetic_floor_as_design_md_writes_it(tmp_path):
             "train_loss_steps": steps,
         }
 
-    assert arithmetic.loss_fall(run(0, 0.1, 0.57)) == pytest.approx(0.05)
-    assert arithmetic.loss_fall({"train_loss_curve": [1.0, None], "train_loss_steps": [1, 2]}) is None
+    assert runs.loss_fall(run(0, 0.1, 0.57)) == pytest.approx(0.05)
+    assert runs.loss_fall({"train_loss_curve": [1.0, None], "train_loss_steps": [1, 2]}) is None
     # seeds 0-5 pass; 6 is below the paper's 5.01%, 7 still falling (6.7% over the last tenth)
     records = [run(s, 0.0501 + s / 100, 0.58) for s in range(6)] + [run(6, 0.05, 0.58), run(7, 0.09, 0.56)]
     assert arithmetic.baseline_floor(records) == {"seeds": 8, "pass": 6, "passes": True}

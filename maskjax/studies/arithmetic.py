@@ -256,7 +256,7 @@ def run_group(
                 **outcomes[i],
             }
         )
-        records[-1]["train_loss_fall"] = loss_fall(records[-1])
+        records[-1]["train_loss_fall"] = runs.loss_fall(records[-1])
     return records
 
 
@@ -293,16 +293,6 @@ PAPER_VANILLA = {("mul", 0.03): 0.0501, ("add", 0.004): 0.0119}
 FLAT_TOLERANCE = 0.05
 
 
-def loss_fall(record: dict) -> float | None:
-    """Relative fall of the training loss over the last tenth of the steps: from the window mean nearest 90%
-    of the steps to the last window's; None without a finite curve."""
-    curve, steps = record.get("train_loss_curve"), record.get("train_loss_steps")
-    if not curve or None in curve:
-        return None
-    start = int(np.argmin(np.abs(np.asarray(steps, np.float64) - 0.9 * steps[-1])))
-    return (curve[start] - curve[-1]) / curve[start]
-
-
 def baseline_floor(records: Sequence[dict], tolerance: float = FLAT_TOLERANCE) -> dict:
     """docs/design.md's floor for one (op, fraction): how many vanilla seeds reach the paper's vanilla on
     held-out pairs with a flat training loss; passes when at least three quarters do (6 of 8)."""
@@ -311,7 +301,7 @@ def baseline_floor(records: Sequence[dict], tolerance: float = FLAT_TOLERANCE) -
         paper = PAPER_VANILLA.get((r["op"], r["train_fraction"]))
         if paper is None:
             raise ConfigError(f"the paper gives no vanilla for {r['op']} at {r['train_fraction']:g}")
-        fall = loss_fall(r)
+        fall = runs.loss_fall(r)
         passed.append(r.get("seq_acc") is not None and r["seq_acc"] >= paper and fall is not None and fall <= tolerance)
     return runs.seed_verdict(passed)
 
