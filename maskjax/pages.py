@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from maskjax import probes, store, tables
+from maskjax import probes, runs, store, tables
 from maskjax.errors import ConfigError
+from maskjax.methods import get_method
+from maskjax.train import decay_only_fraction
 
 BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
 
@@ -157,23 +159,20 @@ def _decay(records: Sequence[dict], params: dict[str, str], folder: Path) -> str
     change (`train.decay_only_fraction` of the run's schedule times the layer's mean |M_0|, read from the
     group's maps file `maps=TEMPLATE`, formatted with the record's fields, e.g. `{corpus}_{method}`), and
     the rest, what the gradient moved. A frozen mask is not a parameter: decay never touches it."""
-    from maskjax.methods import get_method
-    from maskjax.runs import record_train_config
-    from maskjax.train import decay_only_fraction
-
     key, template = params.get("key", "mask_change_mean"), params["maps"]
     rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for r in records:
-        if r.get(key) is None or get_method(r["method"]).mask_mode == "none":
+        mode = get_method(r["method"]).mask_mode
+        if r.get(key) is None or mode == "none":
             continue
         path = folder / r["source"] / "maps" / f"{template.format(**r)}.npz"
         if not path.is_file():
             raise ConfigError(f"a decay table needs the maps file {path}")
         initial = store.read_maps(path)["mask_init"]
-        fraction = decay_only_fraction(record_train_config(r))
-        learnable = get_method(r["method"]).mask_mode == "learnable"
+        fraction = decay_only_fraction(runs.record_train_config(r))
         for layer, measured in enumerate(r[key][-1]):
-            alone = fraction * float(np.abs(initial[layer]).mean()) if learnable and fraction is not None else 0.0
+            decayed = mode == "learnable" and fraction is not None
+            alone = fraction * float(np.abs(initial[layer]).mean()) if decayed else 0.0
             rows.setdefault((r["method"], layer), []).append((measured, alone))
     if not rows:
         raise ConfigError(f"no record with a mask carries {key}")
@@ -223,9 +222,7 @@ def with_derived(record: dict, source: str) -> dict:
     (`maskjax.probes.end_of_run`: the drifts, mask changes and gradient norms `experiments.probes` prints),
     and how much its training loss still fell over the last tenth (`train_loss_fall`, for records written
     before they carried it)."""
-    from maskjax.runs import loss_fall
-
-    derived = {"train_loss_fall": loss_fall(record)} if record.get("train_loss_curve") else {}
+    derived = {"train_loss_fall": runs.loss_fall(record)} if record.get("train_loss_curve") else {}
     return {"source": source, **probes.end_of_run(record), **derived, **record}
 
 

@@ -109,21 +109,20 @@ REPLACED = "replaced"
 RESULT_FILES = ("results.jsonl", "summary.md", "maps")
 
 
-def set_aside(out: Path) -> Path | None:
+def set_aside(out: Path) -> None:
     """Move the results of the sweep an --overwrite replaces into out/replaced/<time>/ (process 0 only).
 
     Why: left in place, an interrupted new sweep would later `--resume` over the old records and adopt
     them as its own; moved aside (each a rename, atomic), they can neither be adopted nor lost."""
     present = [out / name for name in RESULT_FILES if (out / name).exists()]
     if not present or jax.process_index() != 0:
-        return None
+        return
     aside = out / REPLACED / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     while aside.exists():
         aside = aside.with_name(aside.name + "+")
     aside.mkdir(parents=True)
     for path in present:
         path.rename(aside / path.name)
-    return aside
 
 
 def remove_tree(path: Path) -> None:

@@ -176,15 +176,16 @@ def loss_fall(record: dict) -> float | None:
 
 def record_train_config(record: dict) -> TrainConfig:
     """The schedule and decay a run trained with, read from its record (for `train.decay_only_fraction`).
-    Records carry weight_decay, schedule and warmup_steps since issue 44; an older record of a cosine study
-    gives them through its config (weight_decay, and warmup_fraction of the steps, as the vision and
-    language configs' train_config computes it)."""
+    Records carry weight_decay, schedule and warmup_steps since issue 44; an older record gives them through
+    its config: the Boolean study trained at a constant rate, the others with cosine decay after a warmup of
+    warmup_fraction of the steps (as the vision and language configs' train_config computes it)."""
     steps = int(record["steps"])
     config = store.sweep_config(record.get("config") or {})
     if "schedule" in record:
         schedule, warmup, decay = record["schedule"], record["warmup_steps"], record["weight_decay"]
     else:
-        schedule, decay = "cosine", config["weight_decay"]
+        boolean = (record.get("config") or {}).get("study") == "boolean"
+        schedule, decay = "constant" if boolean else "cosine", config["weight_decay"]
         warmup = int(config.get("warmup_fraction", 0.0) * steps)
     return TrainConfig(
         steps,

@@ -85,13 +85,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minimum", action="store_true", help="pin jax, flax, optax, numpy to their lower bounds")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="maskjax-wheel-"))
+    with tempfile.TemporaryDirectory(prefix="maskjax-wheel-") as folder:
+        return check(Path(folder), args.minimum)
+
+
+def check(work: Path, minimum: bool) -> int:
+    """Build, install and test in `work` (a folder removed afterwards)."""
     run(sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", work / "dist", ROOT)
     (wheel,) = (work / "dist").glob("maskjax-*.whl")
     venv = work / "venv"
     run(sys.executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    pins = minimum_pins() if args.minimum else []
+    pins = minimum_pins() if minimum else []
     run(python, "-m", "pip", "install", "-q", wheel, *pins)
 
     site = Path(run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())

@@ -31,30 +31,28 @@ COMMANDS = {
 
 
 def run(command: str, argv: list[str] | None = None) -> int:
-    """Run one program with `argv` (None: the process's own arguments)."""
-    from maskjax.extras import MissingExtraError, require_studies
-
-    try:
-        require_studies(f"maskjax {command}")
-    except MissingExtraError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(f"maskjax.cli.{command}")
+    """Run one program with `argv` (None: the process's own arguments), under `driver.run_main`'s error
+    policy; a missing `studies` extra is bad input like any other (one line, exit 2)."""
     from maskjax.cli.driver import run_main
+    from maskjax.extras import require_studies
 
-    return run_main(module.main, argv)
+    def main(args: list[str] | None) -> int:
+        require_studies(f"maskjax {command}")
+        return importlib.import_module(f"maskjax.cli.{command}").main(args)
+
+    return run_main(main, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """`maskjax NAME [FLAGS]`: the console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        width = max(map(len, COMMANDS))
-        listing = "\n".join(f"  {name:<{width}}  {what}" for name, what in COMMANDS.items())
-        usage = f"usage: maskjax COMMAND [FLAGS]   (maskjax COMMAND --help for its flags)\n\ncommands:\n{listing}"
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"error: unknown command {argv[0]!r}\n\n{usage}", file=sys.stderr)
-            return 2
-        print(usage, file=sys.stderr if not argv else sys.stdout)
-        return 2 if not argv else 0
-    return run(argv[0], argv[1:])
+    if argv and argv[0] in COMMANDS:
+        return run(argv[0], argv[1:])
+    width = max(map(len, COMMANDS))
+    listing = "\n".join(f"  {name:<{width}}  {what}" for name, what in COMMANDS.items())
+    usage = f"usage: maskjax COMMAND [FLAGS]   (maskjax COMMAND --help for its flags)\n\ncommands:\n{listing}"
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0
+    print(f"error: unknown command {argv[0]!r}\n\n{usage}" if argv else usage, file=sys.stderr)
+    return 2

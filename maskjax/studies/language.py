@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from maskjax import mask_patterns, plots, probes, qk_priors, runs, tables
+from maskjax.attention import toeplitz_logits
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data import text, tokenizer
 from maskjax.errors import ConfigError
@@ -186,8 +187,7 @@ def initial_mask(method: Method, config: LanguageConfig) -> np.ndarray:
     relative = lt.relative_mask_logits(heads, config.context, kind)
     if mask_structure(method) == "toeplitz":
         return relative
-    distance = np.arange(config.context)[:, None] - np.arange(config.context)[None, :]
-    return relative[:, np.clip(distance, 0, None)]
+    return np.asarray(toeplitz_logits(jnp.asarray(relative), config.context, config.context))
 
 
 def window_prior(config: LanguageConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -198,7 +198,8 @@ def window_prior(config: LanguageConfig) -> tuple[np.ndarray, np.ndarray]:
     distance = np.arange(context)[:, None] - np.arange(context)[None, :]
     widths = lt.window_widths(config.model.heads)[:, None, None]
     pattern = (distance >= 0) & (distance < widths)
-    full = lt.relative_mask_logits(config.model.heads, context, config.mask_init)[:, np.clip(distance, 0, None)]
+    relative = jnp.asarray(lt.relative_mask_logits(config.model.heads, context, config.mask_init))
+    full = np.asarray(toeplitz_logits(relative, context, context), np.float64)
     target = mask_patterns.row_distribution(np.where(distance >= 0, config.scale * full, -np.inf))
     return pattern.astype(np.float32), target.astype(np.float32)
 
