@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def crosscheck_config(args: argparse.Namespace) -> boolean.BooleanConfig:
     """The preset with the model flags, and its 2Parity schedule at the chosen width; --epochs replaces a
     preset's fixed step count."""
-    config = boolean.get_preset(args.preset)
+    config = boolean.STUDY.preset(args.preset)
     model = dataclasses.replace(config.model, **{path[0]: v for path, v in given(args, "model").items()})
     learning_rate, epochs = config.schedules[TASK]
     schedule = (args.learning_rate or learning_rate * config.model.dim / model.dim, args.epochs or epochs)
@@ -104,8 +104,8 @@ def build_model(task: BooleanTask, method: Method, config: boolean.BooleanConfig
         task.n_bits, m.dim, m.depth, m.heads, m.head_dim, m.mlp_dim, mask, method.mask_mode == "learnable"
     )
     if init == "maskjax":
-        batch = boolean.make_group(task, method, [seed], config)
-        params, constants = batch.init_run(batch.run_keys[0], batch.run_masks[0])
+        inputs = boolean.make_group(boolean.BooleanGroup(task, method), [seed], config).inputs
+        params, constants = inputs.init_run(inputs.run_keys[0], *(a[0] for a in inputs.run_inputs))
         torch_gotu.load_flax_params(model, {"params": params, "constants": constants}, m.depth)
     return model
 
@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     if torch_gotu.version() is None:
         raise ConfigError("needs torch: install the bench extra (pip install -e '.[bench]')")
     config = crosscheck_config(args)
-    (task,), methods = boolean.resolve([TASK], args.methods, config)
+    scope = boolean.BooleanScope(tasks=(TASK,))
+    (task,), methods = boolean.STUDY.resolve(config, scope, args.methods, lambda message: None)
     for method in methods:
         check_method(method, args.init)
     out = store.ensure_writable_dir(args.out) if args.out else None

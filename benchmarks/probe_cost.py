@@ -28,7 +28,7 @@ from maskjax.cli.driver import Parser, name_list, positive_int, run_main
 from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
-from maskjax.train import compile_program, init_runs
+from maskjax.train import init_runs
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,10 +54,9 @@ def cli_seconds(method: str, preset: str, steps: int) -> float:
 def probe_seconds(config: study.BooleanConfig, method_name: str, repeats: int) -> tuple[float, float]:
     """(compile seconds, best seconds per call) of one seed's drift probe."""
     task, method = get_task("2parity"), get_method(method_name)
-    batch = study.make_group(task, method, [0], config)
-    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
-    state = init_runs(program, batch.run_keys, (batch.run_masks,))
-    probe = study.drift_probe(batch.model, method, task, batch.loss, study.probe_batches(batch.data, config.batch_size))
+    inputs = study.make_group(study.BooleanGroup(task, method), [0], config).inputs
+    state = init_runs(inputs.program(), inputs.run_keys, inputs.run_inputs)
+    probe = inputs.probe
     started = time.perf_counter()
     measure = jax.jit(jax.vmap(probe)).lower(state, state).compile()
     compile_seconds = time.perf_counter() - started
@@ -71,7 +70,7 @@ def probe_seconds(config: study.BooleanConfig, method_name: str, repeats: int) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    config = study.get_preset(args.preset)
+    config = study.STUDY.preset(args.preset)
     chunk = config.chunk_steps
     run_steps = config.train_config(get_task("2parity")).steps
     probes_per_run = len(range(0, run_steps, chunk)) + 1

@@ -23,6 +23,8 @@ import jax.numpy as jnp
 
 from benchmarks import step
 from maskjax.cli.driver import Parser, positive_int, run_main
+from maskjax.study import study_names
+from maskjax.train import TrainInputs
 
 # Trace events that are not one XLA kernel: the executor's own spans, Python frames, waits.
 NOT_KERNELS = re.compile(r"^(\$|ThunkExecutor|SlinkyThreadPool|PjitFunction|TfrtCpu|Thunk::|.*trace)")
@@ -70,9 +72,10 @@ def op_names(hlo_text: str) -> dict[str, str]:
     return names
 
 
-def profile(batch: step.GroupInputs, steps: int) -> tuple[float, dict[str, float], dict[str, str]]:
+def profile(batch: TrainInputs, steps: int) -> tuple[float, dict[str, float], dict[str, str]]:
     """(seconds per step, kernel seconds per step, kernel -> operation) of one traced chunk of `steps`."""
-    program, state, data, _ = step.prepare(batch, dataclasses.replace(batch.train_config, chunk_steps=steps))
+    batch = batch._replace(train_config=dataclasses.replace(batch.train_config, chunk_steps=steps))
+    program, state, data, _ = step.prepare(batch)
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
     state, losses = chunk(state, data, jnp.asarray(0), jnp.asarray(steps))
     jax.block_until_ready(losses)
@@ -90,7 +93,7 @@ def profile(batch: step.GroupInputs, steps: int) -> tuple[float, dict[str, float
 
 def main(argv: list[str] | None = None) -> int:
     p = Parser(prog="python -m benchmarks.profile", description=__doc__.splitlines()[0])
-    p.add_argument("--study", required=True, choices=step.STUDIES)
+    p.add_argument("--study", required=True, help=f"whose step to profile: {', '.join(study_names())}")
     p.add_argument("--preset", default="quick", help="a preset of the study (default quick)")
     p.add_argument("--method", default="vanilla", help="method whose step is profiled (default vanilla)")
     p.add_argument("--seeds", type=positive_int, default=1, help="runs in the batch (default 1)")
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="NAME=VALUE", help="override a field of the study's config"
     )
     args = p.parse_args(argv)
-    study = step.STUDY_BUILDERS[args.study](args.preset, args.method, "float32", args.set)
+    study = step.study_setup(args.study, args.preset, args.method, "float32", args.set)
     seconds, per_step, names = profile(study.batch(list(range(args.seeds))), args.steps)
     total = sum(per_step.values())
     kinds: dict[str, float] = collections.Counter()

@@ -1,15 +1,15 @@
-"""One training step of any study, timed: python -m benchmarks.step --study=boolean|arithmetic|vision|language
+"""One training step of any registered study, timed: python -m benchmarks.step --study=boolean
 
-For each number of seeds S the batch of S runs is the study's own program (`make_group`, then
+For each number of seeds S the batch of S runs is the study's own program (its `build`, then
 `maskjax.train.compile_program`: `vmap` over runs, `lax.fori_loop` chunks, donated state), laid on the
 runs mesh `train` would use. Printed per S: seconds per step, seed-steps per second and their ratio to S
 seeds one after another, XLA's FLOP count of one step, GFLOP/s and its share of an fp32 matmul peak
 measured in the same process. With torch installed (the `bench` extra) the same model and optimizer in
 eager PyTorch, one seed, is timed in the same process. `--cpu-devices=1,2` times each count in its own
 process (JAX fixes the count at start) and `--workers=2` times two processes at once, each with half the
-seeds: the ways of using a CPU's cores that docs/performance.md compares. Data is random, of the
-study's shapes: a step's cost does not depend on its values. Prints tables, then one JSON line;
-measures, never asserts.
+seeds: the ways of using a CPU's cores that docs/performance.md compares. Data is the study's
+`sample_data` (random, of its shapes, where it reads files): a step's cost does not depend on its values.
+Prints tables, then one JSON line; measures, never asserts.
 """
 
 from __future__ import annotations
@@ -32,44 +32,19 @@ from benchmarks import torch_gotu
 from maskjax import overrides, store
 from maskjax.cli.driver import Parser, name_list, positive_int, run_main
 from maskjax.errors import ConfigError
-from maskjax.methods import get_method
-from maskjax.train import (
-    Augment,
-    InitRun,
-    Loss,
-    Program,
-    RunState,
-    TrainConfig,
-    compile_program,
-    init_runs,
-    replicate,
-    runs_mesh,
-    shard_runs,
-)
-
-STUDIES = ("boolean", "arithmetic", "vision", "language")
-
-
-class GroupInputs(NamedTuple):
-    """What `compile_program` and `train` take for one batch of runs, whatever the study."""
-
-    init_run: InitRun
-    loss: Loss
-    run_inputs: tuple[jax.Array, ...]
-    run_keys: jax.Array
-    data: Any
-    data_per_run: bool
-    augment: Augment | None
-    train_config: TrainConfig
+from maskjax.optim import TrainConfig
+from maskjax.sharding import runs_mesh
+from maskjax.study import Plan, get_study, study_names
+from maskjax.train import Program, RunState, TrainInputs, init_runs
 
 
 class StepSetup(NamedTuple):
-    """A study at one preset: what it is, its batch of S seeds, and its PyTorch peer's seconds per step
-    (steps, repeats) -> float."""
+    """A study at one preset: what it is, its group of S seeds' training inputs, and its PyTorch peer's
+    seconds per step (steps, repeats) -> float, None for a study without one."""
 
     describe: str
-    batch: Callable[[list[int]], GroupInputs]
-    torch_seconds: Callable[[int, int], float]
+    batch: Callable[[list[int]], TrainInputs]
+    torch_seconds: Callable[[int, int], float] | None
 
 
 def int_list(text: str) -> list[int]:
@@ -91,148 +66,91 @@ def dims(model: Any) -> tuple[int, int, int, int, int]:
     return model.dim, model.depth, model.heads, model.head_dim, model.mlp_dim
 
 
-def boolean_batch(task: Any, method: Any, seeds: list[int], config: Any) -> GroupInputs:
-    """The Boolean study's batch of (task, method) for these seeds (also `benchmarks.train_step`'s)."""
-    from maskjax.studies import boolean
+def study_setup(name: str, preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
+    """Any registered study's step: the first group of its `benchmark_scope` for the method, built by the
+    study's own `build` on its `sample_data`, as training builds it."""
+    study = get_study(name)
+    config = configured(study.preset(preset), dtype, sets)
+    scope = study.benchmark_scope if study.benchmark_scope is not None else study.scope_type()
+    study.check(config, scope)
+    methods = study.resolve_methods([method_name], config, scope)
+    data = study.sample_data(config, scope)
+    group = study.groups(Plan(config, scope, tuple(methods), (0,), data, None))[0]
 
-    b = boolean.make_group(task, method, seeds, config)
-    return GroupInputs(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
+    def batch(seeds: list[int]) -> TrainInputs:
+        return study.build(config, group.spec, seeds).inputs
 
-
-def boolean_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
-    from maskjax.studies import boolean
-    from maskjax.tasks.boolean import get_task
-
-    config, task, method = (
-        configured(boolean.get_preset(preset), dtype, sets),
-        get_task("2parity"),
-        get_method(method_name),
-    )
-
-    def batch(seeds: list[int]) -> GroupInputs:
-        return boolean_batch(task, method, seeds, config)
-
-    def torch_seconds(steps: int, repeats: int) -> float:
-        return torch_gotu.time_steps(task.n_bits, dims(config.model), config.batch_size, steps, repeats)
-
+    train_config = batch([0]).train_config
+    peer = TORCH_PEERS.get(name)
     m = config.model
-    return StepSetup(
-        f"2Parity ({task.n_bits} bits), GOTU {m.dim} x {m.depth}, batch {config.batch_size}", batch, torch_seconds
+    describe = f"{group.label}, {m.dim} x {m.depth}, {m.heads} heads, batch {train_config.batch_size}"
+    return StepSetup(describe, batch, None if peer is None else peer(config, group.spec, train_config))
+
+
+def boolean_peer(config: Any, spec: Any, train_config: TrainConfig) -> Callable[[int, int], float]:
+    return lambda steps, repeats: torch_gotu.time_steps(
+        spec.task.n_bits, dims(config.model), train_config.batch_size, steps, repeats
     )
 
 
-def arithmetic_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
+def arithmetic_peer(config: Any, spec: Any, train_config: TrainConfig) -> Callable[[int, int], float]:
     from benchmarks import torch_peers
-    from maskjax.studies import arithmetic
     from maskjax.tasks import arithmetic as ar
 
-    config, method = configured(arithmetic.get_preset(preset), dtype, sets), get_method(method_name)
-    task, fraction = ar.ArithmeticTask("mul", config.answer_format), 0.03
-
-    def batch(seeds: list[int]) -> GroupInputs:
-        b = arithmetic.make_group(task, method, fraction, seeds, config)
-        return GroupInputs(b.init_run, b.loss, (), b.run_keys, b.data, True, None, b.train_config)
-
-    def torch_seconds(steps: int, repeats: int) -> float:
-        return torch_peers.time_arithmetic_steps(
-            ar.VOCAB,
-            task.length,
-            ar.PROMPT,
-            dims(config.model),
-            config.batch_size,
-            steps,
-            repeats,
-            config.learning_rate,
-            config.weight_decay,
-        )
-
-    m = config.model
-    describe = f"multiplication at {fraction:g}, causal {m.dim} x {m.depth}, length {task.length}"
-    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+    return lambda steps, repeats: torch_peers.time_arithmetic_steps(
+        ar.VOCAB,
+        spec.task.length,
+        ar.PROMPT,
+        dims(config.model),
+        train_config.batch_size,
+        steps,
+        repeats,
+        config.learning_rate,
+        config.weight_decay,
+    )
 
 
-def vision_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
+def vision_peer(config: Any, spec: Any, train_config: TrainConfig) -> Callable[[int, int], float]:
     from benchmarks import torch_peers
-    from maskjax.data.images import ImageData
     from maskjax.studies import vision
 
-    config, method = configured(vision.get_preset(preset), dtype, sets), get_method(method_name)
-    shape, n_train = ((28, 28, 1), 60_000) if preset != "paper" else ((32, 32, 3), 50_000)
-    rng = np.random.default_rng(0)
-    data = ImageData(
-        "fashion_mnist" if shape[-1] == 1 else "cifar10",
-        rng.integers(0, 256, (n_train, *shape), dtype=np.uint8),
-        rng.integers(0, 10, n_train).astype(np.int32),
-        rng.integers(0, 256, (16, *shape), dtype=np.uint8),
-        rng.integers(0, 10, 16).astype(np.int32),
-        10,
+    data, task = spec.data, vision.make_task(spec.data, config)
+    return lambda steps, repeats: torch_peers.time_vision_steps(
+        data.train_images.shape[1:],
+        data.num_classes,
+        config.patch_size,
+        dims(config.model),
+        train_config.batch_size,
+        steps,
+        repeats,
+        config.crop_pad,
+        task.flip,
+        config.learning_rate,
+        config.weight_decay,
+        config.clip_norm,
     )
-    task = vision.make_task(data, config)
-
-    def batch(seeds: list[int]) -> GroupInputs:
-        b = vision.make_group(data, method, 1.0, seeds, config)
-        inputs = (b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, b.data_per_run, b.augment)
-        return GroupInputs(*inputs, b.train_config)
-
-    def torch_seconds(steps: int, repeats: int) -> float:
-        return torch_peers.time_vision_steps(
-            shape,
-            10,
-            config.patch_size,
-            dims(config.model),
-            config.batch_size,
-            steps,
-            repeats,
-            config.crop_pad,
-            task.flip,
-            config.learning_rate,
-            config.weight_decay,
-            config.clip_norm,
-        )
-
-    m, grid = config.model, shape[0] // config.patch_size
-    describe = f"{data.name}-shaped images, ViT {m.dim} x {m.depth}, {grid * grid} patches"
-    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
 
 
-def language_study(preset: str, method_name: str, dtype: str, sets: list[str]) -> StepSetup:
+def language_peer(config: Any, spec: Any, train_config: TrainConfig) -> Callable[[int, int], float]:
     from benchmarks import torch_peers
-    from maskjax.studies import language
 
-    config, method = configured(language.get_preset(preset), dtype, sets), get_method(method_name)
-    windows = np.random.default_rng(0).integers(0, config.vocab_size, (512, config.context + 1)).astype(np.int32)
-    weights = np.ones((512, config.context), np.float32)
-    data = language.LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
-
-    def batch(seeds: list[int]) -> GroupInputs:
-        b = language.make_group(data, method, seeds, config)
-        return GroupInputs(b.init_run, b.loss, (b.run_masks,), b.run_keys, b.data, False, None, b.train_config)
-
-    def torch_seconds(steps: int, repeats: int) -> float:
-        return torch_peers.time_language_steps(
-            config.vocab_size,
-            config.context,
-            dims(config.model),
-            config.batch_size,
-            steps,
-            repeats,
-            config.learning_rate,
-            config.weight_decay,
-            config.clip_norm,
-        )
-
-    m = config.model
-    describe = f"causal LM {m.dim} x {m.depth}, context {config.context}, vocab {config.vocab_size}"
-    return StepSetup(f"{describe}, batch {config.batch_size}", batch, torch_seconds)
+    return lambda steps, repeats: torch_peers.time_language_steps(
+        config.vocab_size,
+        config.context,
+        dims(config.model),
+        train_config.batch_size,
+        steps,
+        repeats,
+        config.learning_rate,
+        config.weight_decay,
+        config.clip_norm,
+    )
 
 
-STUDY_BUILDERS = {
-    "boolean": boolean_study,
-    "arithmetic": arithmetic_study,
-    "vision": vision_study,
-    "language": language_study,
-}
+# The eager PyTorch peer of each built-in study (benchmarks/torch_gotu.py, torch_peers.py); another study has none.
+TORCH_PEERS = {"boolean": boolean_peer, "arithmetic": arithmetic_peer, "vision": vision_peer, "language": language_peer}
 DEFAULT_STEPS = {"boolean": 50, "arithmetic": 50, "vision": 20, "language": 10}
+OTHER_STEPS = 20
 
 
 def matmul_peak(dtype: str = "float32", size: int = 2048, repeats: int = 5) -> float:
@@ -279,22 +197,20 @@ def cost(compiled) -> dict:
     return analysis[0] if isinstance(analysis, list) else analysis
 
 
-def prepare(batch: GroupInputs, train_config: TrainConfig) -> tuple[Program, RunState, Any, jax.sharding.Mesh]:
-    """The batch's compiled program, initial state and data, laid on the mesh `train` would give it."""
-    n_train = jax.tree.leaves(batch.data)[0].shape[1 if batch.data_per_run else 0]
-    program = compile_program(batch.init_run, batch.loss, n_train, train_config, batch.data_per_run, batch.augment)
+def prepare(batch: TrainInputs) -> tuple[Program, RunState, Any, jax.sharding.Mesh]:
+    """The group's compiled program, initial state and data, laid on the mesh `train` would give it."""
+    program = batch.program()
     mesh = runs_mesh(len(batch.run_keys))
-    data = shard_runs(batch.data, mesh) if batch.data_per_run else replicate(batch.data, mesh)
-    return program, init_runs(program, batch.run_keys, batch.run_inputs, mesh), data, mesh
+    return program, init_runs(program, batch.run_keys, batch.run_inputs, mesh), batch.laid_out(mesh), mesh
 
 
-def time_batch(batch: GroupInputs, steps: int, repeats: int) -> dict:
+def time_batch(batch: TrainInputs, steps: int, repeats: int) -> dict:
     """Seconds per step of one batch of runs on the mesh `train` would give it, in chunks of the study's own
     length (`seconds_per_step`), with XLA's FLOP and memory counts of one step."""
     n_runs = len(batch.run_keys)
     train_config = batch.train_config
     steps = min(steps, train_config.chunk_steps)
-    program, state, data, mesh = prepare(batch, train_config)
+    program, state, data, mesh = prepare(batch)
     step = program.step.lower(state, data, jnp.asarray(0)).compile()
     chunk = program.chunk.lower(state, data, jnp.asarray(0), jnp.asarray(steps)).compile()
     seconds = seconds_per_step(chunk, state, data, steps, repeats, train_config.chunk_steps)
@@ -344,14 +260,14 @@ def way_name(devices: int) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(prog="python -m benchmarks.step", description=__doc__.splitlines()[0])
-    p.add_argument("--study", required=True, choices=STUDIES, help="whose step to time")
+    p.add_argument("--study", required=True, help=f"whose step to time: {', '.join(study_names())}")
     p.add_argument("--preset", default="quick", help="a preset of the study (default quick)")
     p.add_argument("--method", default="vanilla", help="method whose step is timed (default vanilla)")
     p.add_argument("--seeds", type=int_list, default=[1, 4, 8], help="batch sizes in runs (default 1,4,8)")
     p.add_argument(
         "--steps",
         type=positive_int,
-        help="steps per timed chunk (default: boolean/arithmetic 50, vision 20, language 10)",
+        help=f"steps per timed chunk (default: boolean/arithmetic 50, vision 20, language 10, others {OTHER_STEPS})",
     )
     p.add_argument("--repeats", type=positive_int, default=3, help="timed chunks; the best is kept (default 3)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="matmul dtype")
@@ -412,8 +328,8 @@ def collect(process: subprocess.Popen) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.steps = args.steps or DEFAULT_STEPS[args.study]
-    study = STUDY_BUILDERS[args.study](args.preset, args.method, args.dtype, args.set)
+    args.steps = args.steps or DEFAULT_STEPS.get(args.study, OTHER_STEPS)
+    study = study_setup(args.study, args.preset, args.method, args.dtype, args.set)
     env = store.environment()
     say = (lambda message: None) if args.json_only else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}")
@@ -465,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         **env,
     }
-    if not args.no_torch and torch_gotu.version() is not None:
+    if not args.no_torch and study.torch_seconds is not None and torch_gotu.version() is not None:
         torch_seconds = study.torch_seconds(args.steps, args.repeats)
         result["torch"] = {"version": torch_gotu.version(), "step_seconds": torch_seconds}
         say(f"  torch eager, 1 seed: {torch_seconds:.4g} s/step")

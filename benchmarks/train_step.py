@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def time_batch(config: study.BooleanConfig, task, method, seeds: int, steps: int, repeats: int) -> dict:
     """Seconds per step of `seeds` runs of (task, method) trained as one batch, with XLA's FLOP and memory counts."""
-    return step.time_batch(step.boolean_batch(task, method, list(range(seeds)), config), steps, repeats)
+    built = study.make_group(study.BooleanGroup(task, method), list(range(seeds)), config)
+    return step.time_batch(built.inputs, steps, repeats)
 
 
 def table(rows: list[dict], first: str, peak: float) -> str:
@@ -65,7 +66,7 @@ def versus(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    base = study.get_preset(args.preset)
+    base = study.STUDY.preset(args.preset)
     config = dataclasses.replace(base, model=dataclasses.replace(base.model, dtype=args.dtype))
     task, method = get_task("2parity"), get_method(args.method)
     steps = args.steps or (3 if args.preset == "paper" else 50)

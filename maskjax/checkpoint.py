@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from maskjax.errors import ConfigError
-from maskjax.train import to_host
+from maskjax.sharding import to_host
 
 
 class CheckpointError(ConfigError):

@@ -25,7 +25,8 @@ class Method:
     on queries and keys (QK-LayerNorm) in every block. mask_structure: "study" for the study's own
     parameterisation of M (per entry, or per distance in the language study), "full" for one logit per
     entry everywhere. position_bias: a fixed bias beside the mask ("alibi"). studies: the studies that can
-    build it; the registry is the one allow-list every study's CLI checks.
+    build it (None: every study, for the methods any study with a mask pattern builds); the registry is the
+    one allow-list every study's CLI checks.
     """
 
     name: str
@@ -36,7 +37,10 @@ class Method:
     mask_structure: str = "study"
     position_bias: str = "none"
     description: str = ""
-    studies: tuple[str, ...] = ("boolean", "arithmetic", "vision", "language")
+    studies: tuple[str, ...] | None = None
+
+    def defined_for(self, study: str) -> bool:
+        return self.studies is None or study in self.studies
 
 
 METHODS: dict[str, Method] = {}
@@ -57,12 +61,12 @@ def get_method(name: str) -> Method:
 
 def methods_for(study: str) -> list[str]:
     """The registered methods a study can build, in registration order."""
-    return [name for name, method in METHODS.items() if study in method.studies]
+    return [name for name, method in METHODS.items() if method.defined_for(study)]
 
 
 def check_in_study(method: Method, study: str) -> None:
     """Refuse a method whose prior the study cannot build, rather than train it as something else."""
-    if study not in method.studies:
+    if not method.defined_for(study):
         known = ", ".join(methods_for(study))
         raise ConfigError(f"method {method.name!r} is not defined for the {study} study; known there: {known}")
 

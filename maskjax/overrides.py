@@ -44,6 +44,14 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def with_default(kind: type, name: str, default: Any) -> Any:
+    """The field `name` of the dataclass `kind` (help, flag and bounds) with another default: how a subclass (a
+    study's config on `maskjax.optim.OptimizerConfig`) changes a shared field's default."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for a sequence default")
+    return dataclasses.field(default=default, metadata=kind.__dataclass_fields__[name].metadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
     """One settable field: its dotted path, type and option metadata."""

@@ -25,7 +25,7 @@ import numpy as np
 from maskjax import probes, runs, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import get_method
-from maskjax.train import decay_only_fraction
+from maskjax.optim import decay_only_fraction
 
 BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
 
@@ -112,7 +112,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
     language or arithmetic picks the study's `ladder_rule`, arithmetic_floor
     its `baseline_floor` (the paper's vanilla regime, issue 43), boolean_floor the Boolean study's
     `plateau_floor` (vanilla at the MDI plateau on the seen points)."""
-    from maskjax.studies import arithmetic, boolean, language, vision
+    from maskjax.studies import arithmetic, boolean_rules, language, vision
 
     family, key, by = params["family"], params["key"], _names(params.get("by", ""))
     reference = records_of(folder, params["against"]) if "against" in params else []
@@ -135,7 +135,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
         elif family == "arithmetic":
             rule, against = arithmetic.ladder_rule(rows), f">= {100 * arithmetic.LADDER_FIT:g}"
         elif family == "boolean_floor":
-            rule, against = boolean.plateau_floor(rows), f"seen >= {100 * boolean.SEEN_FLOOR:g}"
+            rule, against = boolean_rules.plateau_floor(rows), f"seen >= {100 * boolean_rules.SEEN_FLOOR:g}"
         elif family == "arithmetic_floor":
             paper = arithmetic.PAPER_VANILLA.get((rows[0]["op"], rows[0]["train_fraction"]))
             rule = arithmetic.baseline_floor(rows)
@@ -145,7 +145,7 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
                 f"unknown ladder family {family!r}; known: vision, language, arithmetic, arithmetic_floor, "
                 "boolean_floor"
             )
-        value = boolean.seen_accuracy if family == "boolean_floor" else (lambda r: r.get(key))
+        value = boolean_rules.seen_accuracy if family == "boolean_floor" else (lambda r: r.get(key))
         by_seed = {r["seed"]: value(r) for r in rows}
         cells = [tables.cell(by_seed[s], key) if s in by_seed else "-" for s in seeds]
         verdict = "passes" if rule["passes"] else "fails"
@@ -355,3 +355,71 @@ def ledger_numbers(text: str) -> list[str]:
 def generated_numbers(text: str) -> set[str]:
     """The decimal numbers the page's generated tables show."""
     return set().union(*(table_numbers(m["body"]) for m in BLOCK.finditer(text)))
+
+
+GLANCE_HEADING = "## At a glance"
+GLANCE_BLOCK = re.compile(r"(<!-- glance: from docs/claims\.md -->\n)(?P<body>.*?)(<!-- end glance -->)", re.S)
+EFFECT = re.compile(r"<!-- effect:(?P<params>[^\n]*?)-->")
+
+
+def glance_table(ledger: str) -> str:
+    """The first table under the ledger's "At a glance" heading, as README shows it."""
+    if GLANCE_HEADING not in ledger:
+        raise ConfigError(f"the ledger has no {GLANCE_HEADING!r} section")
+    section = ledger.split(GLANCE_HEADING, 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    if not rows:
+        raise ConfigError(f"the ledger's {GLANCE_HEADING!r} section has no table")
+    return "\n".join(rows) + "\n"
+
+
+RELATIVE_LINK = re.compile(r"\]\((?![a-z]+:|/|#)")
+
+
+def with_glance(readme: str, ledger: str) -> str:
+    """README with its glance block (`<!-- glance: from docs/claims.md -->` ... `<!-- end glance -->`) rewritten
+    from the ledger's table, its relative links (written from docs/) made relative to the repository root."""
+    if not GLANCE_BLOCK.search(readme):
+        raise ConfigError("README has no <!-- glance: from docs/claims.md --> block")
+    table = RELATIVE_LINK.sub("](docs/", glance_table(ledger))
+    return GLANCE_BLOCK.sub(lambda m: m.group(1) + table + m.group(3), readme)
+
+
+def paired_effect(records: Sequence[dict], key: str, a: str, b: str) -> dict:
+    """Method a less method b on `key`, paired by seed (seeds where either has no value are left out):
+    the mean difference with its 95% t-interval, wins / losses / ties and the two-sided sign test. Accuracies
+    are in points, as the tables print them."""
+    from scipy import stats
+
+    scale = 100.0 if tables.is_accuracy(key) else 1.0
+    by_method = {m: {r["seed"]: r.get(key) for r in records if r["method"] == m} for m in (a, b)}
+    seeds = sorted(s for s in by_method[a] if by_method[a][s] is not None and by_method[b].get(s) is not None)
+    if len(seeds) < 2:
+        raise ConfigError(f"an effect of {a} against {b} on {key} needs two paired seeds, found {len(seeds)}")
+    diffs = np.asarray([scale * (by_method[a][s] - by_method[b][s]) for s in seeds], np.float64)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+    return {
+        "seeds": len(diffs),
+        "mean": float(diffs.mean()),
+        "low": float(diffs.mean() - half),
+        "high": float(diffs.mean() + half),
+        "wins": int((diffs > 0).sum()),
+        "losses": int((diffs < 0).sum()),
+        "p": tables.sign_test_p(diffs),
+        "unit": f"{key}, points" if scale != 1.0 else key,
+    }
+
+
+def ledger_effects(ledger: str, results: Path) -> list[dict]:
+    """Every `<!-- effect: family=F label=L from=FOLDER key=K a=METHOD b=METHOD [where=...] -->` line of the
+    ledger with its paired effect from the records (underscores in the label print as spaces)."""
+    effects = []
+    for match in EFFECT.finditer(ledger):
+        params = parse_params(match["params"])
+        missing = [p for p in ("family", "label", "from", "key", "a", "b") if p not in params]
+        if missing:
+            raise ConfigError(f"an effect line needs {', '.join(missing)}: {match.group()}")
+        records = records_of(results, params["from"], params.get("where", ""))
+        effect = paired_effect(records, params["key"], params["a"], params["b"])
+        effects.append({"family": params["family"], "label": params["label"].replace("_", " "), **effect})
+    return effects

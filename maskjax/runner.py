@@ -8,7 +8,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,7 @@ import jax
 from maskjax import overrides, store
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.runs import get_preset
-from maskjax.study import Group, Plan, Study
+from maskjax.study import Group, Plan, Study, group_name
 
 Log = Callable[[str], None]
 
@@ -278,7 +277,7 @@ def run(
     config: a config or a preset's name; scope, methods, seeds: the study's defaults when None. Everything
     that can be refused is refused before data is read or a run trained."""
     if isinstance(config, str):
-        config = get_preset(study.presets, config)
+        config = study.preset(config)
     scope = study.scope_type() if scope is None else scope
     overrides.check(config)
     overrides.check(scope)
@@ -286,14 +285,13 @@ def run(
     seeds = tuple(range(study.default_seeds) if seeds is None else seeds)
     if not seeds_ok(seeds):
         raise ConfigError(f"{SEEDS_EXPECTED}, got {list(seeds)}")
-    study.check(config, scope)
-    resolved = tuple(study.resolve_methods(names, config, scope))
     out = store.ensure_writable_dir(Path(out))
-    plan = Plan(config, scope, resolved, seeds, study.make_data(config, scope, log), out)
+    data, resolved = study.resolve(config, scope, names, log)
+    plan = Plan(config, scope, tuple(resolved), seeds, data, out)
     reference = study.reference(plan)
 
-    def maps(name: str) -> dict | None:
-        path = out / "maps" / f"{name}.npz"
+    def maps(fields: Mapping[str, Any]) -> dict | None:
+        path = out / "maps" / f"{group_name(fields)}.npz"
         return store.read_maps(path) if path.exists() else None
 
     def write(out: Path, records: list[dict]) -> str:
@@ -304,7 +302,7 @@ def run(
 
     def spec(group: Group) -> GroupSpec:
         def train(checkpoints: SweepCheckpoints, resume: bool) -> list[dict]:
-            records, arrays = study.train(plan, group, log, checkpoints, resume)
+            records, arrays = study.run(plan.config, group.spec, plan.seeds, log, checkpoints, resume, group.label)
             if arrays:
                 store.write_maps(out / "maps" / f"{group.name}.npz", arrays)
             return records

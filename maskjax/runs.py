@@ -1,30 +1,25 @@
-"""What every study's runs share: presets by name, one key per seed, a method's initial mask from the
+"""What every study's runs share: one key per seed, a method's initial mask from the
 task's own patterns, the init that puts a QK prior into a fresh model, the probes on a trained model, and
 the fields every record carries (divergence, the end-of-training loss, the group it trained in)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from maskjax import mask_patterns, probes, qk_priors, store
-from maskjax.errors import ConfigError
 from maskjax.methods import Method
-from maskjax.train import InitRun, RunState, TrainConfig, Trained, first_nonfinite_step, to_host, variables_of
+from maskjax.optim import TrainConfig
+from maskjax.sharding import to_host
+from maskjax.train import InitRun, RunState, Trained, first_nonfinite_step, variables_of
 
-Config = TypeVar("Config")
 # A task's mask patterns: (kind, seed) -> boolean open matrix [N, N]; kinds as Method.mask_pattern.
 Patterns = Callable[[str, int], np.ndarray]
-
-
-def get_preset(presets: Mapping[str, Config], name: str) -> Config:
-    if name not in presets:
-        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(presets)}")
-    return presets[name]
 
 
 def seed_keys(seeds: Sequence[int]) -> jax.Array:
@@ -122,10 +117,9 @@ def seed_verdict(passed: Sequence[bool], share: float = 0.75) -> dict:
 
 
 def eval_chunks(arrays: Sequence[np.ndarray], eval_batch: int) -> tuple[tuple[jax.Array, ...], jax.Array | None]:
-    """n examples as [chunks, size, ...] for `lax.map`, size = min(eval_batch, n): every study's evaluator
-    scores any split at any eval_batch. A last partial chunk is filled by repeating the last example, and the
-    weights [chunks, size] (1 real, 0 filler) mark them; None when nothing was filled, so a split that
-    eval_batch divides is scored exactly as before."""
+    """n examples as [chunks, size, ...] for `lax.map`, size = min(eval_batch, n). A last partial chunk is
+    filled by repeating the last example, and the weights [chunks, size] (1 real, 0 filler) mark them; None
+    when nothing was filled, so a split that eval_batch divides is scored exactly as before."""
     n = len(arrays[0])
     size = min(eval_batch, n)
     pad = -n % size
@@ -137,6 +131,43 @@ def eval_chunks(arrays: Sequence[np.ndarray], eval_batch: int) -> tuple[tuple[ja
     )
     weights = jnp.asarray((np.arange(n + pad) < n).astype(np.float32).reshape(-1, size)) if pad else None
     return chunks, weights
+
+
+def evaluate_runs(
+    score: Callable[..., Any],
+    state: RunState,
+    arrays: Sequence[np.ndarray],
+    eval_batch: int,
+    summed: bool = True,
+    data_per_run: bool = False,
+) -> Any:
+    """Every run of a trained group scored on a whole split, eval_batch examples at a time: the one evaluator
+    of every study (any split, any eval batch). The split is an argument of the compiled program, not a
+    constant inside it (at CIFAR or ImageNet-100 size a constant slows the compile and bloats the cache).
+
+    score(variables, chunk, filler) sees one chunk (a tuple of arrays [size, ...]) and filler, the weights
+    [size] of a last partial chunk's repeated examples (0) or None. summed: score returns a tree of sums over
+    the chunk, and the result is each sum over the split, [runs]; otherwise score returns per-example outputs
+    [size, ...] and the result is them [runs, n, ...], filler dropped. data_per_run: each array carries the
+    runs axis first (each run its own split). Results are on the host."""
+    if data_per_run:
+        n = np.shape(arrays[0])[1]
+        by_example, filler = eval_chunks([np.moveaxis(np.asarray(a), 0, 1) for a in arrays], eval_batch)
+        chunks = tuple(jnp.moveaxis(c, 2, 0) for c in by_example)
+    else:
+        n = len(arrays[0])
+        chunks, filler = eval_chunks(arrays, eval_batch)
+
+    @jax.jit
+    @functools.partial(jax.vmap, in_axes=(0, 0, 0 if data_per_run else None, None))
+    def one_run(params, constants, chunks, filler):
+        variables = variables_of(params, constants)
+        out = jax.lax.map(lambda batch: score(variables, *batch), (chunks, filler))
+        if summed:
+            return jax.tree.map(lambda s: s.sum(0), out)
+        return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:n], out)
+
+    return jax.tree.map(to_host, one_run(state.params, state.constants, chunks, filler))
 
 
 def end_loss(losses_S: np.ndarray) -> float:

@@ -2,7 +2,7 @@
 
 On a CPU, JAX sees one device that runs one program at a time over every core; our small models leave
 most cores idle (docs/performance.md). Split into one XLA device per core, the runs axis of a sweep is
-sharded over the cores (`maskjax.train.runs_mesh`), with the same floats. And every compiled program is
+sharded over the cores (`maskjax.sharding.runs_mesh`), with the same floats. And every compiled program is
 kept in JAX's persistent compilation cache, so a second call with the same shapes compiles nothing.
 
 Environment variables (a CLI flag, where given, wins): MASKJAX_CPU_DEVICES (a count; 1 keeps one device)

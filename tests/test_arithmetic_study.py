@@ -12,9 +12,9 @@ from maskjax.tasks.arithmetic import ArithmeticTask
 
 
 def test_a_seed_in_a_batch_equals_the_seed_alone_and_seeds_differ():
-    task, config = ArithmeticTask("add"), study.get_preset("test")
-    batch = study.run_group(task, get_method("mask"), 0.004, [0, 1, 2], config)
-    alone = study.run_group(task, get_method("mask"), 0.004, [2], config)
+    task, config = ArithmeticTask("add"), study.STUDY.preset("test")
+    batch = study.STUDY.run(config, study.ArithmeticGroup(task, 0.004, get_method("mask")), [0, 1, 2])[0]
+    alone = study.STUDY.run(config, study.ArithmeticGroup(task, 0.004, get_method("mask")), [2])[0]
     for key in ("seq_acc", "token_acc", "train_seq_acc", "train_loss"):
         assert alone[0][key] == pytest.approx(batch[2][key], rel=1e-4, abs=1e-6), key
     assert batch[0]["train_loss"] != batch[1]["train_loss"]
@@ -33,7 +33,7 @@ def test_the_training_sample_is_each_seeds_own_training_pairs():
 
 
 def test_greedy_decoding_reads_the_prompt_only():
-    task, config = ArithmeticTask("mul"), study.get_preset("test")
+    task, config = ArithmeticTask("mul"), study.STUDY.preset("test")
     model = study.make_model(task, get_method("vanilla"), config)
     train, held = study.run_data(task, 0.004, 0, 8)
     variables = model.init(jax.random.key(0), train[:1])
@@ -45,16 +45,16 @@ def test_greedy_decoding_reads_the_prompt_only():
 
 
 def test_qk_priors_train_through_the_same_registry():
-    task, config = ArithmeticTask("add"), study.get_preset("test")
-    (record,) = study.run_group(task, get_method("qk_opt"), 0.004, [0], config)
+    task, config = ArithmeticTask("add"), study.STUDY.preset("test")
+    (record,) = study.STUDY.run(config, study.ArithmeticGroup(task, 0.004, get_method("qk_opt")), [0])[0]
     assert record["method"] == "qk_opt" and not record["diverged"] and np.isfinite(record["train_loss"])
 
 
 def test_placebo_masks_are_refused_for_arithmetic():
-    with pytest.raises(ValueError, match="not defined for the arithmetic study"):
-        study.resolve(["add"], ["mask_random"], "reversed")
-    with pytest.raises(ValueError, match="not defined for the arithmetic study"):
-        study.resolve(["add"], ["mask_learned"], "reversed")
+    config, scope = study.STUDY.preset("test"), study.ArithmeticScope(ops=("add",))
+    for name in ("mask_random", "mask_learned"):
+        with pytest.raises(ValueError, match="not defined for the arithmetic study"):
+            study.STUDY.resolve_methods([name], config, scope)
 
 
 def test_arithmetic_cli_end_to_end(cli, tmp_path):
@@ -109,6 +109,7 @@ def test_arithmetic_bad_input_gives_one_clear_line(main, tmp_path, args, message
 
 def test_the_registry_is_the_one_allow_list():
     from maskjax.methods import methods_for
+
     for name in ("boolean", "arithmetic", "vision", "language"):
         assert {"vanilla", "mask", "mask_fixed", "mask_zero"} <= set(methods_for(name))
     assert "qk_svd" not in methods_for("vision") and "mask_random" not in methods_for("arithmetic")
@@ -118,15 +119,19 @@ def test_the_registry_is_the_one_allow_list():
 
 @pytest.mark.parametrize("method", ["qk_svd", "qk_opt"])
 def test_qk_position_scale_multiplies_the_position_embeddings_the_prior_is_built_on(method):
-    task, config = ArithmeticTask("add"), study.get_preset("test")
+    task, config = ArithmeticTask("add"), study.STUDY.preset("test")
     key = jax.random.key(3)
     inits = {
         scale: study.make_group(
-            task, get_method(method), 0.004, [0], dataclasses.replace(config, qk_position_scale=scale)
-        ).init_run(key)[0]
+            study.ArithmeticGroup(task, 0.004, get_method(method)),
+            [0],
+            dataclasses.replace(config, qk_position_scale=scale),
+        ).inputs.init_run(key)[0]
         for scale in (1.0, 5.0)
     }
-    plain = study.make_group(task, get_method("vanilla"), 0.004, [0], config).init_run(key)[0]
+    plain = study.make_group(study.ArithmeticGroup(task, 0.004, get_method("vanilla")), [0], config).inputs.init_run(
+        key
+    )[0]
     for scale, params in inits.items():
         np.testing.assert_allclose(params["pos_embed"], scale * plain["pos_embed"], rtol=1e-6)
     qkv = [np.asarray(params["block_0"]["attn"]["qkv"]["kernel"][:, :2]) for params in inits.values()]

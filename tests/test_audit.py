@@ -211,17 +211,17 @@ def test_the_arithmetic_floor_as_design_md_writes_it(tmp_path):
 def test_the_cyclic3_floor_reads_the_seen_points_from_the_whole_cube_and_the_unseen_corner(tmp_path):
     """Issue 43's Cyclic3 floor: at least 97% of the seen points (7/8 of the cube) right in 6 of 8 seeds;
     records store acc_all and acc_unseen, so acc_seen = (acc_all - acc_unseen / 8) / (7 / 8)."""
-    from maskjax.studies import boolean
+    from maskjax.studies import boolean_rules
 
     def run(seed: int, acc_all: float, acc_unseen: float = 0.0) -> dict:
         return {"task": "cyclic3", "method": "vanilla", "seed": seed, "acc_all": acc_all, "acc_unseen": acc_unseen}
 
-    assert boolean.seen_accuracy(run(0, 0.875)) == pytest.approx(1.0)  # the MDI: every seen point, no corner
-    assert boolean.seen_accuracy(run(0, 0.9, 0.2)) == pytest.approx((0.9 - 0.025) / 0.875)
-    assert boolean.seen_accuracy({**run(0, 0.8), "acc_unseen": None}) is None
+    assert boolean_rules.seen_accuracy(run(0, 0.875)) == pytest.approx(1.0)  # the MDI: every seen point, no corner
+    assert boolean_rules.seen_accuracy(run(0, 0.9, 0.2)) == pytest.approx((0.9 - 0.025) / 0.875)
+    assert boolean_rules.seen_accuracy({**run(0, 0.8), "acc_unseen": None}) is None
     records = [run(s, 0.875 * 0.975) for s in range(6)] + [run(6, 0.875 * 0.969), run(7, 0.8)]
-    assert boolean.plateau_floor(records) == {"seeds": 8, "pass": 6, "passes": True}
-    assert not boolean.plateau_floor(records[1:])["passes"]  # 5 of 7
+    assert boolean_rules.plateau_floor(records) == {"seeds": 8, "pass": 6, "passes": True}
+    assert not boolean_rules.plateau_floor(records[1:])["passes"]  # 5 of 7
 
     _folder(tmp_path, "w64d4", records)
     page = tmp_path / "floor.md"
@@ -240,8 +240,8 @@ def test_decay_alone_is_the_closed_form_of_adamw_with_a_zero_gradient(tmp_path):
     import optax
 
     from maskjax import store
+    from maskjax.optim import TrainConfig, decay_only_fraction, make_optimizer
     from maskjax.runs import record_train_config
-    from maskjax.train import TrainConfig, decay_only_fraction, make_optimizer
 
     config = TrainConfig(50, learning_rate=0.1, weight_decay=0.3, optimizer="adamw", schedule="cosine", warmup_steps=5)
     params = {"mask_logits": jnp.asarray([10.0, -10.0, 4.0])}
@@ -269,3 +269,43 @@ def test_decay_alone_is_the_closed_form_of_adamw_with_a_zero_gradient(tmp_path):
     alone = 8 * fraction
     assert f"| mask | 0 | 1 | 2 | {alone:.4g} | {2 - alone:.4g} |" in page.read_text()
     assert "| mask_fixed | 1 | 1 | 0 | 0 | 0 |" in page.read_text()  # a frozen mask is never decayed
+
+
+def test_a_paired_effect_is_the_mean_difference_by_seed_with_its_t_interval():
+    from scipy import stats
+
+    records = [
+        {"method": m, "seed": s, "acc": a}
+        for m, s, a in [("mask", 0, 0.9), ("mask", 1, 0.8), ("mask", 2, 0.95), ("mask", 3, None)]
+        + [("vanilla", 0, 0.7), ("vanilla", 1, 0.85), ("vanilla", 2, 0.6), ("vanilla", 3, 0.5), ("vanilla", 9, 0.1)]
+    ]
+    effect = pages.paired_effect(records, "acc", "mask", "vanilla")
+    diffs = [20.0, -5.0, 35.0]  # points; seed 3 has no mask value and seed 9 no pair
+    half = stats.t.ppf(0.975, 2) * stats.tstd(diffs) / 3**0.5
+    assert effect["seeds"] == 3 and (effect["wins"], effect["losses"]) == (2, 1)
+    assert effect["mean"] == pytest.approx(50 / 3) and effect["high"] - effect["mean"] == pytest.approx(half)
+    assert effect["p"] == tables.sign_test_p(diffs) == 1.0 and effect["unit"] == "acc, points"
+    with pytest.raises(ConfigError, match="needs two paired seeds, found 0"):
+        pages.paired_effect(records, "acc", "mask", "alibi")
+
+
+def test_readme_shows_the_ledgers_glance_table_with_links_from_the_root_and_the_audit_guards_it():
+    ledger = "# L\n\n## At a glance\n\n| a | page |\n|---|---|\n| 1.5 | [p](results/p.md) |\n\n## Rows\n\n| x |\n"
+    readme = "# R\n\n<!-- glance: from docs/claims.md -->\nold\n<!-- end glance -->\n"
+    fresh = pages.with_glance(readme, ledger)
+    assert "| 1.5 | [p](docs/results/p.md) |\n<!-- end glance -->" in fresh and "old" not in fresh
+    assert pages.with_glance(fresh, ledger) == fresh and "| x |" not in fresh
+    with pytest.raises(ConfigError, match="no '## At a glance' section"):
+        pages.glance_table("# L\n")
+
+
+def test_the_audit_fails_when_readme_drifts_from_the_ledger_and_write_restores_it(tmp_path, monkeypatch, capsys):
+    ledger, readme = (path.read_text() for path in audit.LEDGERS)
+    copies = (tmp_path / "claims.md", tmp_path / "README.md")
+    copies[0].write_text(ledger)
+    copies[1].write_text(readme.replace("| Boolean | 2Parity", "| Boolean | 3Parity", 1))
+    monkeypatch.setattr(audit, "LEDGERS", copies)
+    monkeypatch.setattr(audit, "EFFECTS_FIGURE", tmp_path / "claims.png")
+    assert audit.audit_glance(write=False) == 1 and "glance table differs" in capsys.readouterr().out
+    assert audit.audit_glance(write=True) == 0
+    assert copies[1].read_text() == readme and (tmp_path / "claims.png").read_bytes()[:4] == b"\x89PNG"

@@ -7,14 +7,14 @@ from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import get_task
 
-CONFIG = dataclasses.replace(study.get_preset("test"), steps=8, chunk_steps=4)
+CONFIG = dataclasses.replace(study.STUDY.preset("test"), steps=8, chunk_steps=4)
 
 
 def test_a_grid_run_equals_the_same_run_alone():
     task, method = get_task("2parity"), get_method("mask")
     values = [(o, c) for o in (0.5, 10.0) for c in (-0.5, -10.0)]
-    grid, _ = study.run_group(task, method, [0, 1, 2, 3], CONFIG, mask_values=values)
-    alone, _ = study.run_group(task, method, [2], CONFIG, mask_values=[values[2]])
+    grid, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method, tuple(values)), [0, 1, 2, 3])
+    alone, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method, tuple([values[2]])), [2])
     assert grid[2]["open_value"] == alone[0]["open_value"] == 10.0 and grid[2]["closed_value"] == -0.5
     for key in ("acc_all", "mse", "train_loss", "pattern_error_init"):
         assert alone[0][key] == pytest.approx(grid[2][key], rel=1e-4, abs=1e-6), key

@@ -99,7 +99,7 @@ def test_bad_training_sets_are_refused(points, values, message):
 @pytest.mark.parametrize("name", PAPER_TASKS)
 def test_mask_learned_starts_from_the_same_logits_as_the_oracle_mask(name):
     """Same logits and the same mask mode: the two methods are the same run, seed for seed."""
-    task, config = get_task(name), study.get_preset("test")
+    task, config = get_task(name), study.STUDY.preset("test")
     np.testing.assert_array_equal(
         study.task_mask_logits(task, get_method("mask_learned"), config),
         study.task_mask_logits(task, get_method("mask"), config),

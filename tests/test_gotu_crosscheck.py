@@ -27,7 +27,7 @@ def pair(method_name: str, qk_norm: bool = False):
     """maskjax's GotuTransformer with the method's 2Parity oracle mask (+-10), its variables, and the PyTorch
     model of the same shape. maskjax's functions are jitted: one compilation costs less than eager dispatch."""
     method = get_method(method_name)
-    mask = None if method.mask_mode == "none" else boolean.task_mask_logits(TASK, method, boolean.get_preset("test"))
+    mask = None if method.mask_mode == "none" else boolean.task_mask_logits(TASK, method, boolean.STUDY.preset("test"))
     model = GotuTransformer(N_BITS, CONFIG, method.mask_mode, mask, qk_norm)
     variables = jax.jit(model.init)(jax.random.key(0), jnp.ones((1, N_BITS)))
     dims = (CONFIG.dim, CONFIG.depth, CONFIG.heads, CONFIG.head_dim, CONFIG.mlp_dim)

@@ -140,8 +140,8 @@ def tiny_data():
 
 def test_a_seed_in_a_batch_equals_the_seed_alone(tiny_data):
     config = study.PRESETS["test"]
-    together, maps = study.run_group(tiny_data, get_method("mask"), [0, 1], config)
-    alone, _ = study.run_group(tiny_data, get_method("mask"), [1], config)
+    together, maps = study.STUDY.run(config, study.LanguageGroup(tiny_data, get_method("mask")), [0, 1])
+    alone, _ = study.STUDY.run(config, study.LanguageGroup(tiny_data, get_method("mask")), [1])
     assert together[1]["test_ppl"] == pytest.approx(alone[0]["test_ppl"], rel=1e-6)
     assert together[1]["val_loss"] == pytest.approx(alone[0]["val_loss"], rel=1e-6)
     assert together[0]["test_ppl"] != together[1]["test_ppl"]
@@ -205,10 +205,10 @@ def test_an_empty_text_file_is_refused(main, tmp_path):
 def test_other_studies_refuse_alibi():
     from maskjax.studies import arithmetic, boolean
 
-    with pytest.raises(ValueError, match="not defined for the boolean study"):
-        boolean.resolve(["2parity"], ["alibi"], boolean.get_preset("test"))
-    with pytest.raises(ValueError, match="not defined for the arithmetic study"):
-        arithmetic.resolve(["add"], ["alibi"], "reversed")
+    for study_module in (boolean, arithmetic):
+        other = study_module.STUDY
+        with pytest.raises(ValueError, match=f"not defined for the {other.name} study"):
+            other.resolve_methods(["alibi"], other.preset("test"), other.scope_type())
 
 
 def test_the_ngram_floors_against_hand_counts():
@@ -241,7 +241,7 @@ def test_the_medium_preset_is_the_rung_the_ladder_passed():
 
     ran = json.loads((Path(__file__).parent.parent / "docs/results/language_ladder/l128d4/config.json").read_text())
     ran = {"optimizer": "adamw", "mask_weight_decay": None, "qk_opt_steps": 10_000, "qk_position_scale": 5.0, **ran}
-    medium = dataclasses.asdict(study.get_preset("medium"))
+    medium = dataclasses.asdict(study.STUDY.preset("medium"))
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
 
 
@@ -287,7 +287,7 @@ def test_the_qk_priors_of_the_window_train_in_the_language_study(tiny_data, name
     """The relative window injected through W_Q W_K (issue 44): the group initialises and trains, and each
     record says how near layer 0's attention starts to the window's (pattern_error_init)."""
     config = study.PRESETS["test"]
-    records, _ = study.run_group(tiny_data, get_method(name), [0], config)
+    records, _ = study.STUDY.run(config, study.LanguageGroup(tiny_data, get_method(name)), [0])
     assert records[0]["method"] == name and np.isfinite(records[0]["test_bpb"])
     assert 0.0 <= records[0]["pattern_error_init"] <= 1.0
     pattern, target = study.window_prior(config)
@@ -299,7 +299,7 @@ def test_the_qk_priors_of_the_window_train_in_the_language_study(tiny_data, name
 def test_the_svd_prior_starts_nearer_the_window_than_default_init(tiny_data):
     config = study.PRESETS["test"]
     errors = {
-        name: study.run_group(tiny_data, get_method(name), [0], config)[0][0]["pattern_error_init"]
+        name: study.STUDY.run(config, study.LanguageGroup(tiny_data, get_method(name)), [0])[0][0]["pattern_error_init"]
         for name in ("qk_svd", "vanilla", "mask")
     }
     assert errors["mask"] < errors["qk_svd"] < errors["vanilla"], errors

@@ -4,7 +4,8 @@ import numpy as np
 import optax
 import pytest
 
-from maskjax.train import TrainConfig, compile_program, make_optimizer
+from maskjax.optim import TrainConfig, make_optimizer
+from maskjax.train import compile_program
 
 PARAMS = {"block_0": {"attn": {"mask_logits": jnp.full((2, 3, 3), 10.0), "w": jnp.full((3,), 2.0)}}}
 

@@ -9,20 +9,20 @@ from maskjax.studies import language, vision
 
 def test_overrides_set_nested_and_top_level_fields_with_their_types():
     config = overrides.apply(
-        vision.get_preset("quick"),
+        vision.STUDY.preset("quick"),
         ["model.dim=64", "learning_rate=3e-4", "clip_norm=none", "min_steps=2300", "pool=cls"],
     )
     assert config.model.dim == 64 and isinstance(config.model.dim, int)
     assert config.learning_rate == 3e-4 and config.clip_norm is None and config.min_steps == 2300
-    assert config.pool == "cls" and config.model.depth == vision.get_preset("quick").model.depth
-    shared = overrides.apply(language.get_preset("quick"), ["share_mask=true", "max_positions=64"])
+    assert config.pool == "cls" and config.model.depth == vision.STUDY.preset("quick").model.depth
+    shared = overrides.apply(language.STUDY.preset("quick"), ["share_mask=true", "max_positions=64"])
     assert shared.share_mask is True and shared.max_positions == 64
 
 
 def test_a_later_override_wins_and_the_preset_is_untouched():
-    preset = vision.get_preset("quick")
+    preset = vision.STUDY.preset("quick")
     assert overrides.apply(preset, ["epochs=3", "epochs=7"]).epochs == 7
-    assert preset == vision.get_preset("quick") and dataclasses.is_dataclass(preset)
+    assert preset == vision.STUDY.preset("quick") and dataclasses.is_dataclass(preset)
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_a_later_override_wins_and_the_preset_is_untouched():
     ],
 )
 def test_bad_overrides_name_what_is_wrong(assignment, message):
-    config = language.get_preset("quick") if assignment.startswith("share") else vision.get_preset("quick")
+    config = language.STUDY.preset("quick") if assignment.startswith("share") else vision.STUDY.preset("quick")
     with pytest.raises(ConfigError) as error:
         overrides.apply(config, [assignment])
     assert message in str(error.value)

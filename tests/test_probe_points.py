@@ -11,7 +11,7 @@ from maskjax.methods import get_method
 from maskjax.studies import boolean as study
 from maskjax.tasks.boolean import TASKS, cube, get_task, probe_points, seen_share
 
-CONFIG = dataclasses.replace(study.get_preset("test"), steps=12, chunk_steps=5)
+CONFIG = dataclasses.replace(study.STUDY.preset("test"), steps=12, chunk_steps=5)
 
 
 def exercises_the_cube(x: np.ndarray, seen: np.ndarray) -> bool:
@@ -90,8 +90,8 @@ def test_outside_mass_is_the_attention_on_closed_keys_against_float64_numpy():
 
 def test_drift_is_reported_per_region_and_the_mask_change_of_a_fixed_mask_is_zero():
     task = get_task("majority3")
-    (fixed,), _ = study.run_group(task, get_method("mask_fixed"), [0], CONFIG)
-    (learned,), _ = study.run_group(task, get_method("mask"), [0], CONFIG)
+    (fixed,), _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, get_method("mask_fixed")), [0])
+    (learned,), _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, get_method("mask")), [0])
     share = seen_share(task)
     for r in (fixed, learned):
         end = [np.asarray(r[k][-1]) for k in ("attention_drift", "attention_drift_seen", "attention_drift_unseen")]
@@ -103,12 +103,12 @@ def test_drift_is_reported_per_region_and_the_mask_change_of_a_fixed_mask_is_zer
 
 def test_the_gradient_probe_batches_are_distinct_training_points():
     task = get_task("2parity")
-    batch = study.make_group(task, get_method("vanilla"), [0], CONFIG)
-    x, y = study.probe_batches(batch.data, 32)
+    data = study.make_group(study.BooleanGroup(task, get_method("vanilla")), [0], CONFIG).inputs.data
+    x, y = study.probe_batches(data, 32)
     chex.assert_shape(x, (study.GRADIENT_BATCHES, 32, task.n_bits))
     for xb in np.asarray(x):
         assert len(np.unique(xb, axis=0)) == 32
         assert np.asarray(task.seen(xb), bool).all()
     assert not np.array_equal(np.asarray(x[0]), np.asarray(x[1]))
-    chex.assert_trees_all_equal(study.probe_batches(batch.data, 32), (x, y))
+    chex.assert_trees_all_equal(study.probe_batches(data, 32), (x, y))
     assert jax.tree.leaves(y)[0].shape == (study.GRADIENT_BATCHES, 32)

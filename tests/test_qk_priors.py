@@ -94,7 +94,7 @@ def test_qk_priors_match_their_target_at_init_in_the_model(task_name):
     from maskjax.methods import get_method
     from maskjax.studies import boolean as study
 
-    config = study.get_preset("quick")
+    config = study.STUDY.preset("quick")
     task = study.get_task(task_name)
     errors = {}
     for name in ("vanilla", "qk_svd", "qk_opt", "mimetic"):
@@ -112,9 +112,9 @@ def test_init_pattern_errors_equal_the_training_records_and_the_cli_writes_them(
     from maskjax.studies import boolean as study
     from maskjax.tasks.boolean import get_task
 
-    config = dataclasses.replace(study.get_preset("test"), steps=5)
+    config = dataclasses.replace(study.STUDY.preset("test"), steps=5)
     task, method = get_task("2parity"), get_method("qk_svd")
-    records, _ = study.run_group(task, method, [0, 1], config)
+    records, _ = study.STUDY.run(config, study.BooleanGroup(task, method), [0, 1])
     errors = study.init_pattern_errors(task, method, [0, 1], config)
     assert errors == pytest.approx([r["pattern_error_init"] for r in records], abs=1e-6)
     result = cli("experiments.qk_match", "--preset=test", "--seeds=1", "--tasks=2parity", f"--out={tmp_path / 'q'}")

@@ -63,11 +63,13 @@ def test_config_json_nests_config_scope_and_derived_and_older_flat_folders_still
 
 
 def test_groups_whose_names_print_alike_are_refused_in_words():
-    runner.check_group_names([Group({"task": "a", "method": "b"}), Group({"task": "a", "method": "c"})])
+    runner.check_group_names([Group({"task": "a", "method": "b"}, None), Group({"task": "a", "method": "c"}, None)])
     with pytest.raises(ConfigError, match="would both be named 'a_b_c'"):
-        runner.check_group_names([Group({"task": "a_b", "method": "c"}), Group({"task": "a", "method": "b_c"})])
+        runner.check_group_names(
+            [Group({"task": "a_b", "method": "c"}, None), Group({"task": "a", "method": "b_c"}, None)]
+        )
     with pytest.raises(ConfigError, match="would both be named"):
-        runner.check_group_names([Group({"fraction": 0.1234567}), Group({"fraction": 0.1234568})])
+        runner.check_group_names([Group({"fraction": 0.1234567}, None), Group({"fraction": 0.1234568}, None)])
 
 
 def test_time_based_checkpoints_follow_process_zeros_clock(tmp_path, monkeypatch):

@@ -42,7 +42,7 @@ def test_the_environment_sets_the_device_count():
 
 def test_runs_on_cpu_devices_take_the_most_devices_that_split_them_evenly():
     code = (
-        "from maskjax.train import runs_mesh; "
+        "from maskjax.sharding import runs_mesh; "
         "print([runs_mesh(n).size for n in (1, 2, 3, 4, 6, 8, 12, 16)], runs_mesh().size)"
     )
     result = python(code, XLA_FLAGS="--xla_force_host_platform_device_count=8")

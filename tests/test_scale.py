@@ -9,6 +9,7 @@ from maskjax.methods import get_method
 from maskjax.models.gotu import GotuTransformer
 from maskjax.models.layers import ModelConfig
 from maskjax.studies import boolean as study
+from maskjax.studies import boolean_rules
 
 
 def test_train_flops_is_three_forwards_of_the_matmuls_xla_counts():
@@ -18,7 +19,7 @@ def test_train_flops_is_three_forwards_of_the_matmuls_xla_counts():
     params = net.init(jax.random.key(0), x)
     analysis = jax.jit(net.apply).lower(params, x).compile().cost_analysis()
     xla_forward = (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
-    ours = study.train_flops(model, 16, 8) / 3
+    ours = boolean_rules.train_flops(model, 16, 8) / 3
     # XLA also counts LayerNorm, softmax and GELU, which the estimate leaves out.
     assert 0.75 * xla_forward <= ours <= xla_forward
 
@@ -27,14 +28,14 @@ def test_train_flops_by_hand_at_the_paper_size():
     # per token and block: qkv 256 x 1152, out 384 x 256, MLP 2 x 256 x 256; attention 2 x 16 x 384.
     per_block = 16 * (256 * 1152 + 384 * 256 + 2 * 256 * 256) + 2 * 16 * 16 * 384
     expected = 3 * 256 * 2 * (12 * per_block + 256)
-    assert study.train_flops(study.get_preset("paper").model, 16, 256) == expected
+    assert boolean_rules.train_flops(study.STUDY.preset("paper").model, 16, 256) == expected
 
 
 def test_the_ladder_presets_scale_the_learning_rate_with_width_and_keep_the_papers_epochs():
-    paper = study.get_preset("paper")
-    assert study.get_preset("medium") == dataclasses.replace(study.get_preset("w64d4"), preset="medium")
+    paper = study.STUDY.preset("paper")
+    assert study.STUDY.preset("medium") == dataclasses.replace(study.STUDY.preset("w64d4"), preset="medium")
     for name, width in (("w64d4", 64), ("w128d6", 128)):
-        rung = study.get_preset(name)
+        rung = study.STUDY.preset(name)
         assert rung.model.dim == width
         for task, (lr, epochs) in paper.schedules.items():
             assert rung.schedules[task] == (pytest.approx(lr * 256 / width), epochs)
@@ -45,11 +46,11 @@ def rows(losses, accs):
 
 
 def test_the_vanilla_rule_needs_fit_and_mdi_on_the_same_seed_in_three_of_four():
-    assert study.vanilla_rule(rows([1e-4] * 4, [0.75, 0.755, 0.745, 0.80]), 0.75)["passes"]
-    verdict = study.vanilla_rule(rows([1e-4, 1e-4, 2e-3, 2e-3], [0.75, 0.75, 0.75, 0.6]), 0.75)
+    assert boolean_rules.vanilla_rule(rows([1e-4] * 4, [0.75, 0.755, 0.745, 0.80]), 0.75)["passes"]
+    verdict = boolean_rules.vanilla_rule(rows([1e-4, 1e-4, 2e-3, 2e-3], [0.75, 0.75, 0.75, 0.6]), 0.75)
     assert verdict == {"seeds": 4, "fit": 2, "at_mdi": 3, "both": 2, "passes": False}
-    assert not study.vanilla_rule([], 0.75)["passes"]
-    diverged = study.vanilla_rule(rows([1e-4, 1e-4, 1e-4, None], [0.75, 0.75, 0.75, None]), 0.75)
+    assert not boolean_rules.vanilla_rule([], 0.75)["passes"]
+    diverged = boolean_rules.vanilla_rule(rows([1e-4, 1e-4, 1e-4, None], [0.75, 0.75, 0.75, None]), 0.75)
     assert diverged == {"seeds": 4, "fit": 3, "at_mdi": 3, "both": 3, "passes": True}
 
 
@@ -96,7 +97,7 @@ def test_scale_cli_writes_the_rule_the_tables_and_the_plot(main, tmp_path):
     assert "| w64d4 | 2parity | 75.00 | 4 | 4/4 | 4/4 | 4/4 | passes |" in page
     assert "| w64d4 | 2parity | mask | 4 | 4/4 | 4/4 | 4/4 | 1 / 0.0286 / 0.0286 |" in page
     assert "| w64d4 | 2parity | mask | 4 | 1 +- 0 | -3 | 1 |" in page  # unseen mean: the MDI's -3, the target's 1
-    flops = study.train_flops(ModelConfig(32, 2, 2, 16, 32), 16, 256) * 100
+    flops = boolean_rules.train_flops(ModelConfig(32, 2, 2, 16, 32), 16, 256) * 100
     assert f"| quick | 2parity | 32 x 2 | 100 | {flops / 1e9:.4g} | 10 (median of 4) |" in page
     assert (tmp_path / "page" / "scale.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -10,9 +10,10 @@ from maskjax import overrides
 from maskjax.cli import driver as cli
 from maskjax.errors import ConfigError
 from maskjax.runner import RunControl, run
-from maskjax.studies import arithmetic, boolean, language, vision
+from maskjax.studies import arithmetic, boolean, vision
+from maskjax.study import BUILT_IN, get_study
 
-STUDIES = (boolean.STUDY, arithmetic.STUDY, vision.STUDY, language.STUDY)
+STUDIES = tuple(get_study(name) for name in BUILT_IN)
 
 
 @pytest.mark.parametrize("study", STUDIES, ids=lambda s: s.name)
@@ -87,3 +88,18 @@ def test_every_preset_and_default_scope_meets_its_own_bounds(study):
         overrides.check(config)
     overrides.check(study.scope_type())
     assert study.default_preset in study.presets and "test" in study.presets
+
+
+def test_the_registry_finds_every_built_in_study_and_refuses_an_unknown_or_second_one():
+    from maskjax.study import Study, register
+
+    assert [get_study(name).name for name in BUILT_IN] == list(BUILT_IN)
+    assert get_study("boolean") is boolean.STUDY and register(boolean.STUDY) is boolean.STUDY
+    with pytest.raises(ConfigError, match="unknown study 'nope'; known: boolean, arithmetic, vision, language"):
+        get_study("nope")
+
+    class Impostor(Study):
+        name = "boolean"
+
+    with pytest.raises(ConfigError, match="study 'boolean' is already registered"):
+        register(Impostor())

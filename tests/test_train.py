@@ -11,19 +11,20 @@ import pytest
 from conftest import ROOT
 
 from maskjax.methods import get_method
+from maskjax.optim import TrainConfig
 from maskjax.studies import boolean as study
 from maskjax.tables import summary_table
 from maskjax.tasks.boolean import get_task
-from maskjax.train import TrainConfig, epoch_orders, first_nonfinite_step, train
+from maskjax.train import TrainInputs, epoch_orders, first_nonfinite_step, train
 
-CONFIG = dataclasses.replace(study.get_preset("test"), steps=12, chunk_steps=5)
+CONFIG = dataclasses.replace(study.STUDY.preset("test"), steps=12, chunk_steps=5)
 COMPARED = ("acc_all", "acc_unseen", "mse", "train_loss")
 
 
 def test_a_run_in_a_batch_of_8_equals_the_run_alone():
     task, method = get_task("2parity"), get_method("mask")
-    batch, _ = study.run_group(task, method, list(range(8)), CONFIG)
-    alone, _ = study.run_group(task, method, [5], CONFIG)
+    batch, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method), list(range(8)))
+    alone, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method), [5])
     for key in COMPARED:
         assert alone[0][key] == pytest.approx(batch[5][key], rel=1e-4, abs=1e-6), key
     assert batch[5]["runs_in_batch"] == 8 and alone[0]["runs_in_batch"] == 1
@@ -31,8 +32,8 @@ def test_a_run_in_a_batch_of_8_equals_the_run_alone():
 
 def test_same_seed_same_result_and_seeds_differ():
     task, method = get_task("majority3"), get_method("vanilla")
-    first, _ = study.run_group(task, method, [0, 1], CONFIG)
-    again, _ = study.run_group(task, method, [0, 1], CONFIG)
+    first, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method), [0, 1])
+    again, _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, method), [0, 1])
     assert [r["mse"] for r in first] == [r["mse"] for r in again]
     assert first[0]["mse"] != first[1]["mse"]
 
@@ -59,7 +60,7 @@ def test_train_fits_a_linear_model_and_stacks_runs():
 
     config = TrainConfig(steps=300, batch_size=16, learning_rate=0.05, weight_decay=0.0, chunk_steps=64)
     keys = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-    initial, final, history, *_ = train(init_run, loss, keys, (jnp.ones(3),), (x, y), config)
+    initial, final, history, *_ = train(TrainInputs(init_run, loss, keys, (jnp.ones(3),), (x, y), config))
     chex.assert_shape(final.params["w"], (3, 1))
     chex.assert_shape(history, (3, 300))
     np.testing.assert_allclose(np.asarray(final.params["w"][:, 0]), 3.0, atol=1e-2)
@@ -70,12 +71,14 @@ def test_train_rejects_a_batch_larger_than_the_data():
     config = TrainConfig(steps=1, batch_size=128)
     with pytest.raises(ValueError, match="smaller than batch size"):
         train(
-            lambda k: ({}, {}),
-            lambda p, c, b: 0.0,
-            jax.random.split(jax.random.key(0), 1),
-            (),
-            jnp.ones((4, 1)),
-            config,
+            TrainInputs(
+                lambda k: ({}, {}),
+                lambda p, c, b: 0.0,
+                jax.random.split(jax.random.key(0), 1),
+                (),
+                jnp.ones((4, 1)),
+                config,
+            )
         )
 
 
@@ -92,9 +95,11 @@ def test_a_diverged_run_is_found_and_leaves_the_others_alone():
 
     config = TrainConfig(steps=20, batch_size=8, learning_rate=0.1, weight_decay=0.0, chunk_steps=7)
     keys = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-    _, final, history, *_ = train(init_run, loss, keys, (jnp.asarray([1.0, jnp.inf, 0.5]),), (x, y), config)
+    _, final, history, *_ = train(
+        TrainInputs(init_run, loss, keys, (jnp.asarray([1.0, jnp.inf, 0.5]),), (x, y), config)
+    )
     np.testing.assert_array_equal(first_nonfinite_step(history), [0, 1, 0])
-    _, alone, alone_history, *_ = train(init_run, loss, keys[2:], (jnp.asarray([0.5]),), (x, y), config)
+    _, alone, alone_history, *_ = train(TrainInputs(init_run, loss, keys[2:], (jnp.asarray([0.5]),), (x, y), config))
     np.testing.assert_allclose(np.asarray(final.params["w"][2]), np.asarray(alone.params["w"][0]), rtol=1e-6)
     np.testing.assert_allclose(history[2], alone_history[0], rtol=1e-5, atol=1e-7)
 
@@ -111,8 +116,8 @@ def test_summary_counts_diverged_runs_instead_of_averaging_them():
 
 def test_drift_is_probed_at_init_and_every_chunk_and_a_fixed_mask_never_moves():
     task = get_task("2parity")
-    (fixed,), _ = study.run_group(task, get_method("mask_fixed"), [0], CONFIG)
-    (learned,), _ = study.run_group(task, get_method("mask"), [0], CONFIG)
+    (fixed,), _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, get_method("mask_fixed")), [0])
+    (learned,), _ = study.STUDY.run(CONFIG, study.BooleanGroup(task, get_method("mask")), [0])
     for r in (fixed, learned):
         assert r["drift_steps"] == [0, 5, 10, 12]
         chex.assert_shape(np.asarray(r["attention_drift"]), (4, CONFIG.model.depth))
@@ -124,7 +129,7 @@ def test_drift_is_probed_at_init_and_every_chunk_and_a_fixed_mask_never_moves():
 
 def test_shared_data_is_one_global_array_replicated_on_every_device():
     code = (
-        "import numpy as np, jax; from maskjax.train import replicate; "
+        "import numpy as np, jax; from maskjax.sharding import replicate; "
         "x = replicate({'a': np.arange(6.0).reshape(2, 3)})['a']; "
         "assert len(x.sharding.device_set) == 8 and x.sharding.is_fully_replicated; "
         "np.testing.assert_array_equal(np.asarray(x), np.arange(6.0).reshape(2, 3)); print('ok')"

@@ -198,7 +198,7 @@ def test_vit_shapes_pooling_and_zero_head():
 
 def test_impulse_targets_are_shifted_identities():
     data = images.ImageData("fashion_mnist", *(np.zeros((8, 8, 8, 1), np.uint8), np.zeros(8, np.int32)) * 2, 10)
-    config = study.get_preset("test")
+    config = study.STUDY.preset("test")
     task = study.make_task(data, config)
     assert task.grid == 2 and task.tokens == 4
     pattern, target = study.qk_target(task, get_method("impulse"), config)
@@ -308,9 +308,11 @@ def test_patch_stem_is_the_strided_convolution_it_replaces():
 def test_a_test_split_that_eval_batch_does_not_divide_is_scored_whole(tiny_fashion):
     """16 test images in chunks of 5 (the last one filled with weight 0) score as one chunk of 16."""
     data = images.load("fashion_mnist", tiny_fashion)
-    config = study.get_preset("test")
+    config = study.STUDY.preset("test")
     records = {
-        size: study.run_group(data, get_method("mask"), 1.0, [0], dataclasses.replace(config, eval_batch=size))[0]
+        size: study.STUDY.run(
+            dataclasses.replace(config, eval_batch=size), study.VisionGroup(data, 1.0, get_method("mask")), [0]
+        )[0]
         for size in (5, 16)
     }
     for key in ("test_acc", "test_loss"):
@@ -334,5 +336,5 @@ def test_eval_chunks_fill_the_last_chunk_and_mark_the_filler():
 def test_the_medium_preset_is_the_rung_the_ladder_passed():
     """docs/results/vision_ladder.md names `medium`; its config is that run's, field for field."""
     ran = json.loads((Path(__file__).parent.parent / "docs/results/vision_ladder/v64d4p7e30/config.json").read_text())
-    medium = dataclasses.asdict(study.get_preset("medium"))
+    medium = dataclasses.asdict(study.STUDY.preset("medium"))
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}

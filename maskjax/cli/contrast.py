@@ -7,7 +7,6 @@ only a near-frozen +-10 one does. Writes results.jsonl, summary.md, config.json 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -17,8 +16,9 @@ import numpy as np
 from maskjax import plots, store, tables
 from maskjax.cli.driver import Parser, add_config_flags, config_from_args, float_list, progress, run_control, run_main
 from maskjax.errors import ConfigError
-from maskjax.runner import GroupSpec, run_sweep
+from maskjax.runner import GroupSpec, run_sweep, sweep_record
 from maskjax.studies import boolean as study
+from maskjax.study import Plan
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 
@@ -39,23 +39,15 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = config_from_args(study.STUDY, args)
-    study.check_config(config)
-    (task,), (method,) = study.resolve([args.task], [args.method], config)
+    scope = study.BooleanScope(tasks=(args.task,))
+    (task,), (method,) = study.STUDY.resolve(config, scope, [args.method], progress)
     if method.mask_pattern != "oracle":
         raise ConfigError(f"--method={method.name}: the contrast sweep needs a method with the oracle mask")
     grid = list(itertools.product(args.open, args.closed))
     runs = [(o, c, seed) for o, c in grid for seed in args.seeds]
-    resolved = {
-        "study": "contrast",
-        "task": task.name,
-        "method": method.name,
-        "open": args.open,
-        "closed": args.closed,
-        "seeds": args.seeds,
-        **dataclasses.asdict(config),
-        "steps": config.train_config(task).steps,
-        "train": dataclasses.asdict(config.train_config(task)),
-    }
+    plan = Plan(config, scope, (method,), tuple(args.seeds), [task], args.out)
+    contrast = {"open": args.open, "closed": args.closed}
+    resolved = {**sweep_record(study.STUDY, plan, [method.name]), "study": "contrast", "contrast": contrast}
     out = args.out
 
     def train(checkpoints, resume: bool) -> list[dict]:
@@ -63,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"{task.name} {method.name}: {shape}, one batch")
         seeds = [seed for _, _, seed in runs]
         values = [(o, c) for o, c, _ in runs]
-        return study.run_group(task, method, seeds, config, progress, checkpoints, resume, mask_values=values)[0]
+        group = study.BooleanGroup(task, method, tuple(values))
+        return study.STUDY.run(config, group, seeds, progress, checkpoints, resume, f"{task.name} {method.name}")[0]
 
     grid_batch = GroupSpec("grid", {"task": task.name, "method": method.name}, len(runs), train)
     records = run_sweep(out, resolved, [grid_batch], write_jsonl, run_control(args), progress)

@@ -16,7 +16,6 @@ from maskjax import overrides, runtime, store
 from maskjax.errors import ConfigError
 from maskjax.methods import methods_for
 from maskjax.runner import SEEDS_EXPECTED, RunControl, progress, run, seeds_ok
-from maskjax.runs import get_preset
 from maskjax.study import Study
 
 
@@ -265,7 +264,7 @@ def add_config_flags(
 
 def config_from_args(study: Study, args: argparse.Namespace) -> Any:
     """The preset, then each field flag given, the study's own flags, then each --set (a later one wins)."""
-    config = get_preset(study.presets, args.preset)
+    config = study.preset(args.preset)
     for path, value in given(args, "config").items():
         config = overrides.replace(config, path, value)
     config = study.apply_flags(config, args)

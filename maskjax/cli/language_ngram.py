@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, help="tokenizer cache folder")
     p.add_argument("--out", type=Path, help="folder for results.jsonl and summary.md (default: print only)")
     args = p.parse_args(argv)
-    config = study.get_preset(args.preset)
+    config = study.STUDY.preset(args.preset)
     spec, vocab = args.tokenizer or config.tokenizer, args.vocab_size or config.vocab_size
     if args.out is not None:
         store.ensure_writable_dir(args.out)

@@ -40,8 +40,7 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     config = config_from_args(study.STUDY, args)
-    study.check_config(config)
-    tasks, methods = study.resolve(args.tasks, args.methods, config)
+    tasks, methods = study.STUDY.resolve(config, study.BooleanScope(tasks=tuple(args.tasks)), args.methods, progress)
     seeds = args.seeds
     resolved = {"study": "qk_match", "tasks": args.tasks, "methods": args.methods, "seeds": seeds}
     resolved.update(dataclasses.asdict(config))

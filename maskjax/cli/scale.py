@@ -23,6 +23,7 @@ from maskjax.cli.driver import Parser, UserError, read_result_folders, run_main,
 from maskjax.models.layers import ModelConfig
 from maskjax.store import sweep_config
 from maskjax.studies import boolean as study
+from maskjax.studies import boolean_rules
 from maskjax.tasks.boolean import cube, get_task
 
 GROUP = ("preset", "task", "method")
@@ -48,7 +49,7 @@ def with_scale(record: dict, path: Path) -> dict:
         raise UserError(f"{path}: a record lacks {', '.join(missing)} (not a Boolean results file of this code)")
     config = sweep_config(record["config"])
     task = get_task(record["task"])
-    flops = study.train_flops(ModelConfig(**config["model"]), task.n_bits + 1, config["batch_size"])
+    flops = boolean_rules.train_flops(ModelConfig(**config["model"]), task.n_bits + 1, config["batch_size"])
     method = record["method"]
     if config["row_policy"] != study.BooleanConfig.row_policy and method != "vanilla":
         method = f"{method} ({config['row_policy']})"
@@ -109,15 +110,15 @@ def cost_table(records: list[dict]) -> str:
 
 def rule_table(records: list[dict], mdi: dict[str, float]) -> str:
     lines = [
-        f"| preset | task | MDI acc_all | seeds | train loss < {study.FIT_LOSS:g} "
-        f"| at the MDI (+-{100 * study.MDI_BAND:g} pt) | both | rule |",
+        f"| preset | task | MDI acc_all | seeds | train loss < {boolean_rules.FIT_LOSS:g} "
+        f"| at the MDI (+-{100 * boolean_rules.MDI_BAND:g} pt) | both | rule |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for preset, task in by_compute(records):
         rows = [r for r in records if r["preset"] == preset and r["task"] == task and r["method"] == "vanilla"]
         if not rows:
             continue
-        v = study.vanilla_rule(rows, mdi[task])
+        v = boolean_rules.vanilla_rule(rows, mdi[task])
         n = v["seeds"]
         lines.append(
             f"| {preset} | {task} | {100 * mdi[task]:.2f} | {n} | {v['fit']}/{n} | {v['at_mdi']}/{n} | {v['both']}/{n} "

@@ -16,6 +16,7 @@ from pathlib import Path
 from maskjax import plots, store
 from maskjax.cli.driver import Parser, UserError, name_list, read_result_folders, run_main, source_line
 from maskjax.studies import boolean as study
+from maskjax.studies import boolean_plots
 from maskjax.tasks.boolean import get_task
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         plots.plot_accuracy(reference + records, args.out.parent / "accuracy.png")
         for task in dict.fromkeys(r["task"] for r in records):
-            study.plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
+            boolean_plots.plot_probes(args.out.parent, task, [r for r in records if r["task"] == task])
     print(body, end="")
     print(f"written to {args.out}", file=sys.stderr)
     return 0

@@ -9,13 +9,12 @@ tokenizers' JSON under a name that hashes its training documents and settings, s
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from maskjax import store
 from maskjax.data.text import EOS, default_cache
 from maskjax.errors import ConfigError, MissingFileError, OutputFolderError
 
@@ -97,7 +96,11 @@ def bpe(train_docs: Sequence[str], vocab_size: int, cache_dir: Path | None = Non
     if path.is_file():
         return TextTokenizer(name, Tokenizer.from_file(str(path)))
     tokenizer = _train_bpe(train_docs, vocab_size)
-    _write_atomic(path, tokenizer.to_str())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.write_atomic(path, tokenizer.to_str())
+    except OSError as error:
+        raise OutputFolderError(f"cannot write the tokenizer cache in {path.parent}: {error.strerror}") from None
     return TextTokenizer(name, tokenizer)
 
 
@@ -127,19 +130,3 @@ def get_tokenizer(
     if spec.startswith("gpt2:") and spec[len("gpt2:") :]:
         return gpt2(Path(spec[len("gpt2:") :]).expanduser())
     raise ConfigError(f"unknown tokenizer {spec!r}; known: bpe, gpt2:DIR (a folder with vocab.json and merges.txt)")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary file beside `path`, then rename: a killed run never leaves half a cache file."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as error:
-        raise OutputFolderError(f"cannot write the tokenizer cache in {path.parent}: {error.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,33 +19,24 @@ import numpy as np
 import optax
 
 from maskjax import mask_patterns, plots, qk_priors, runs, tables
-from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, check_in_study, get_method
+from maskjax.methods import Method, get_method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
+from maskjax.optim import OptimizerConfig, TrainConfig
 from maskjax.overrides import option
-from maskjax.study import Group, Plan, Study
+from maskjax.study import Group, Plan, Study, register
 from maskjax.tasks import arithmetic as ar
-from maskjax.train import (
-    TrainConfig,
-    cosine_train_config,
-    mask_decay_option,
-    optimizer_option,
-    to_host,
-    train,
-    variables_of,
-)
+from maskjax.train import Trained, TrainInputs, variables_of
 
 
-@dataclasses.dataclass(frozen=True)
-class ArithmeticConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArithmeticConfig(OptimizerConfig):
     """epochs over each run's training subset set the steps unless `steps` overrides them."""
 
     preset: str
     model: ModelConfig
     learning_rate: float = option(1e-3, above=0, help="peak learning rate (cosine decay)")
-    weight_decay: float = option(1e-3, minimum=0, help="weight decay")
     batch_size: int = option(256, help="pairs per step (at most the training subset)")
     epochs: int = option(50, help="epochs over each training subset")
     steps: int | None = option(None, help="training steps, overriding the epochs")
@@ -53,45 +44,39 @@ class ArithmeticConfig:
     closed_value: float = option(-5.0, flag="closed", help="mask logit of closed entries")
     answer_format: str = option("reversed", choices=ar.FORMATS, help="answer digit order (reversed: units first)")
     eval_size: int = option(10_000, help="held-out pairs scored per seed")
-    chunk_steps: int = option(200, help="steps per compiled chunk")
-    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
     qk_position_scale: float = option(
         qk_priors.POSITION_SCALE, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
     )
-    optimizer: str = optimizer_option("adamw")
-    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
         steps = self.steps if self.steps is not None else self.epochs * (n_train // batch)
-        return cosine_train_config(self, steps, batch)
+        return self.optimizer_config(steps, batch, self.learning_rate, schedule="cosine")
 
 
 PRESETS: dict[str, ArithmeticConfig] = {
-    "paper": ArithmeticConfig("paper", ModelConfig(dim=256, depth=6, heads=4, head_dim=64, mlp_dim=256)),
+    "paper": ArithmeticConfig(preset="paper", model=ModelConfig(dim=256, depth=6, heads=4, head_dim=64, mlp_dim=256)),
     # Width / 4, depth / 3, the paper's optimizer, schedule, batch and epochs: minutes per batch on a CPU.
-    "quick": ArithmeticConfig("quick", ModelConfig(dim=64, depth=2, heads=4, head_dim=16, mlp_dim=64), eval_size=4096),
+    "quick": ArithmeticConfig(
+        preset="quick", model=ModelConfig(dim=64, depth=2, heads=4, head_dim=16, mlp_dim=64), eval_size=4096
+    ),
     # The ladder's rung a128d4 with the paper's plain answers (docs/design.md, "Sizes that learn", issue 43):
     # the size at which the low-data claims are tested, by a floor in the paper's own vanilla regime.
     "medium": ArithmeticConfig(
-        "medium",
-        ModelConfig(dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512),
+        preset="medium",
+        model=ModelConfig(dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512),
         answer_format="plain",
         eval_size=4096,
     ),
     "test": ArithmeticConfig(
-        "test",
-        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        preset="test",
+        model=ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
         steps=10,
         chunk_steps=5,
         eval_size=64,
         qk_opt_steps=20,
     ),
 }
-
-
-def get_preset(name: str) -> ArithmeticConfig:
-    return runs.get_preset(PRESETS, name)
 
 
 def mask_logits(task: ar.ArithmeticTask, method: Method, config: ArithmeticConfig) -> np.ndarray:
@@ -141,24 +126,27 @@ def training_sample(train_BNL: np.ndarray, seeds: Sequence[int], size: int) -> n
     return np.stack([train_BNL[i, pick] for i, pick in enumerate(picks)])
 
 
-class GroupInputs(NamedTuple):
-    """What `train` needs for one (op, fraction, method) group; each run trains on its own subset."""
+class ArithmeticGroup(NamedTuple):
+    """What one group trains: an op at a training fraction, by a method."""
 
+    task: ar.ArithmeticTask
+    fraction: float
+    method: Method
+
+
+class ArithmeticInputs(NamedTuple):
+    """One group's training inputs (each run trains on its own subset), and what its records need."""
+
+    inputs: TrainInputs
     model: CausalTransformer
-    init_run: Callable
-    loss: Callable
-    run_keys: jax.Array
-    data: jax.Array
     eval_data: jax.Array
-    train_config: TrainConfig
     target: np.ndarray
 
 
-def make_group(
-    task: ar.ArithmeticTask, method: Method, fraction: float, seeds: Sequence[int], config: ArithmeticConfig
-) -> GroupInputs:
+def make_group(group: ArithmeticGroup, seeds: Sequence[int], config: ArithmeticConfig) -> ArithmeticInputs:
     """The one-run init and loss of (op, fraction, method), and every seed's key, training and evaluation
     sequences."""
+    task, fraction, method = group
     prior = mask_logits(task, method, config)
     per_seed = [run_data(task, fraction, seed, config.eval_size) for seed in seeds]
     train_BNL = jnp.asarray(np.stack([d[0] for d in per_seed]))
@@ -185,57 +173,48 @@ def make_group(
     train_config = config.train_config(train_BNL.shape[1])
     causal = np.tril(np.ones(prior.shape, bool))
     target = np.broadcast_to(mask_patterns.row_distribution(np.where(causal, prior, -np.inf)), open_HNN.shape)
-    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), train_BNL, eval_BNL, train_config, target)
+    inputs = TrainInputs(init_run, loss, runs.seed_keys(seeds), (), train_BNL, train_config, data_per_run=True)
+    return ArithmeticInputs(inputs, model, eval_BNL, target)
 
 
 # Seed 0's first training sequences, on which every run's layer-0 attention at init is held against the prior.
 PATTERN_PROBES = 64
 
 
-def run_group(
-    task: ar.ArithmeticTask,
-    method: Method,
-    fraction: float,
+def record_group(
+    group: ArithmeticGroup,
     seeds: Sequence[int],
     config: ArithmeticConfig,
-    log: Callable[[str], None] | None = None,
-    checkpoints: SweepCheckpoints | None = None,
-    resume: bool = False,
+    built: ArithmeticInputs,
+    trained: Trained,
+    started: float,
 ) -> list[dict]:
-    """Train (op, fraction, method) for every seed as one vmapped group; one record per seed."""
-    batch = make_group(task, method, fraction, seeds, config)
-    model, train_config, eval_BNL = batch.model, batch.train_config, batch.eval_data
-    n_train = batch.data.shape[1]
-    started = time.time()
-    trained = train(
-        batch.init_run,
-        batch.loss,
-        batch.run_keys,
-        (),
-        batch.data,
-        train_config,
-        log,
-        label=f"{task.op} {fraction:g} {method.name}",
-        checkpoints=checkpoints,
-        resume=resume,
-        data_per_run=True,
-    )
+    """One record per seed of a trained (op, fraction, method) group: exact match by greedy decoding on its
+    held-out pairs and on a sample of its training pairs."""
+    task, fraction, method = group
+    model, eval_BNL, train_BNL = built.model, built.eval_data, built.inputs.data
     final = trained.final
 
-    @jax.jit
-    @jax.vmap
-    def decode(params, constants, tokens_BL):
-        return greedy_answers(model, variables_of(params, constants), tokens_BL, task.answer_digits)
+    def decode(tokens_BNL: np.ndarray) -> np.ndarray:
+        """Each run's greedy answers to its own sequences, [runs, n, answer digits]."""
+        return runs.evaluate_runs(
+            lambda variables, chunk, filler: greedy_answers(model, variables, chunk[0], task.answer_digits),
+            final,
+            [tokens_BNL],
+            config.eval_size,
+            summed=False,
+            data_per_run=True,
+        )
 
-    answers = to_host(decode(final.params, final.constants, eval_BNL))
+    answers = decode(np.asarray(eval_BNL))
     truth = np.asarray(eval_BNL)[:, :, ar.PROMPT :]
-    fit_BNL = training_sample(np.asarray(batch.data), seeds, config.eval_size)
-    fit_correct = to_host(decode(final.params, final.constants, jnp.asarray(fit_BNL))) == fit_BNL[:, :, ar.PROMPT :]
+    fit_BNL = training_sample(np.asarray(train_BNL), seeds, config.eval_size)
+    fit_correct = decode(fit_BNL) == fit_BNL[:, :, ar.PROMPT :]
     answer_rows = slice(ar.PROMPT - 1, -1)  # the queries that write the answer: the rows the prior shapes
     pattern_error = runs.layer0_pattern_error(
-        model, trained.initial, batch.data[0, :PATTERN_PROBES], batch.target, answer_rows
+        model, trained.initial, train_BNL[0, :PATTERN_PROBES], built.target, answer_rows
     )
-    outcomes = runs.outcome_fields(trained, train_config, time.time() - started)
+    outcomes = runs.outcome_fields(trained, built.inputs.train_config, time.time() - started)
     records = []
     for i, seed in enumerate(seeds):
         correct = answers[i] == truth[i]
@@ -250,7 +229,7 @@ def run_group(
                 "seq_acc": None if diverged else float(correct.all(axis=1).mean()),
                 "token_acc": None if diverged else float(correct.mean()),
                 "train_seq_acc": None if diverged else float(fit_correct[i].all(axis=1).mean()),
-                "n_train": int(n_train),
+                "n_train": int(train_BNL.shape[1]),
                 "eval_size": int(truth.shape[1]),
                 "pattern_error_init": pattern_error[i],
                 **outcomes[i],
@@ -258,23 +237,6 @@ def run_group(
         )
         records[-1]["train_loss_fall"] = runs.loss_fall(records[-1])
     return records
-
-
-def resolve(
-    ops: Sequence[str], methods: Sequence[str], answer_format: str
-) -> tuple[list[ar.ArithmeticTask], list[Method]]:
-    """Tasks and methods by name; anything that cannot be built fails here, before any training."""
-    tasks = [ar.ArithmeticTask(op, answer_format) for op in ops]
-    resolved = [get_method(m) for m in methods]
-    for method in resolved:
-        check_in_study(method, "arithmetic")
-    for task in tasks:
-        for method in resolved:
-            try:
-                ar.mask_pattern(task, runs.mask_kind(method))
-            except ConfigError as e:
-                raise ConfigError(f"method {method.name!r}: {e}") from None
-    return tasks, resolved
 
 
 LADDER_FIT = 0.99  # training exact match that counts as fitting the training pairs
@@ -343,24 +305,34 @@ class ArithmeticStudy(Study):
     default_seeds = 8
     default_methods = ("vanilla", "mask")
     figures = "seq_acc.png, mask_*.png"
+    benchmark_scope = ArithmeticScope(ops=("mul",), train_fractions=(0.03,))
 
-    def resolve_methods(self, names: Sequence[str], config: ArithmeticConfig, scope: ArithmeticScope) -> list[Method]:
-        return resolve(scope.ops, names, config.answer_format)[1]
+    def check_method(self, method: Method, config: ArithmeticConfig, scope: ArithmeticScope) -> None:
+        for task in self.make_data(config, scope, lambda message: None):
+            try:
+                ar.mask_pattern(task, runs.mask_kind(method))
+            except ConfigError as e:
+                raise ConfigError(f"method {method.name!r}: {e}") from None
 
     def make_data(self, config: ArithmeticConfig, scope: ArithmeticScope, log) -> list[ar.ArithmeticTask]:
-        return resolve(scope.ops, [], config.answer_format)[0]
+        return [ar.ArithmeticTask(op, config.answer_format) for op in scope.ops]
 
-    def groups(self, plan: Plan) -> list[Group]:
+    def groups(self, plan: Plan) -> list[Group[ArithmeticGroup]]:
         return [
-            Group({"op": task.op, "train_fraction": fraction, "method": method.name}, (task, fraction, method))
+            Group(
+                {"op": task.op, "train_fraction": fraction, "method": method.name},
+                ArithmeticGroup(task, fraction, method),
+            )
             for task in plan.data
             for fraction in plan.scope.train_fractions
             for method in plan.methods
         ]
 
-    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
-        task, fraction, method = group.items
-        return run_group(task, method, fraction, plan.seeds, plan.config, log, checkpoints, resume), {}
+    def build(self, config: ArithmeticConfig, spec: ArithmeticGroup, seeds: Sequence[int]) -> ArithmeticInputs:
+        return make_group(spec, seeds, config)
+
+    def record(self, config, spec: ArithmeticGroup, seeds, built: ArithmeticInputs, trained: Trained, started: float):
+        return record_group(spec, seeds, config, built, trained, started), {}
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)
@@ -373,4 +345,4 @@ class ArithmeticStudy(Study):
         plots.plot_curves(records, plan.out / "seq_acc.png", x="train_fraction", y="seq_acc", panel="op", line="method")
 
 
-STUDY = ArithmeticStudy()
+STUDY = register(ArithmeticStudy())

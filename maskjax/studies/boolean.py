@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -14,13 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from maskjax import discover, mask_patterns, overrides, plots, probes, runs, tables
-from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
-from maskjax.methods import Method, check_in_study, get_method
+from maskjax.methods import Method
 from maskjax.models.gotu import GotuTransformer
 from maskjax.models.layers import ModelConfig
-from maskjax.overrides import option
-from maskjax.study import Group, Plan, Study
+from maskjax.optim import OptimizerConfig, TrainConfig
+from maskjax.overrides import option, with_default
+from maskjax.sharding import to_host
+from maskjax.studies.boolean_plots import plot_probes, plot_task
+from maskjax.study import Group, Plan, Study, register
 from maskjax.tasks.boolean import (
     TASKS,
     BooleanTask,
@@ -35,50 +36,29 @@ from maskjax.tasks.boolean import (
     scores,
     seen_share,
 )
-from maskjax.train import (
-    TrainConfig,
-    compile_program,
-    init_runs,
-    mask_decay_option,
-    optimizer_option,
-    to_host,
-    train_group,
-    variables_of,
-)
+from maskjax.train import Trained, TrainInputs, init_runs, variables_of
 
 
-@dataclasses.dataclass(frozen=True)
-class BooleanConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BooleanConfig(OptimizerConfig):
     """schedules maps a task to (learning rate, epochs); steps, when set, overrides the epochs."""
 
     preset: str
     model: ModelConfig
     schedules: dict[str, tuple[float, int]]
     batch_size: int = option(256, help="examples per step")
-    weight_decay: float = option(1e-3, minimum=0, help="weight decay of every parameter")
     open_value: float = option(10.0, flag="open", help="mask logit of open entries")
     closed_value: float = option(-10.0, flag="closed", help="mask logit of closed entries")
     row_policy: str = option("diagonal", help=f"mask rows outside the groups: {', '.join(mask_patterns.ROW_POLICIES)}")
-    chunk_steps: int = option(200, help="steps per compiled chunk (probes and checkpoints fall between chunks)")
     eval_batch: int = option(4096, help="cube points scored at once")
     steps: int | None = option(None, help="training steps, overriding every task's epochs")
-    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
-    optimizer: str = optimizer_option("adam")
-    mask_weight_decay: float | None = mask_decay_option()
+    optimizer: str = with_default(OptimizerConfig, "optimizer", "adam")
 
     def train_config(self, task: BooleanTask) -> TrainConfig:
         learning_rate, epochs = self.schedules[task.name]
         n_train = int(np.sum(task.seen(cube(task.n_bits))))
         steps = self.steps if self.steps is not None else epochs * (n_train // self.batch_size)
-        return TrainConfig(
-            steps,
-            self.batch_size,
-            learning_rate,
-            self.weight_decay,
-            self.chunk_steps,
-            optimizer=self.optimizer,
-            mask_weight_decay=self.mask_weight_decay,
-        )
+        return self.optimizer_config(steps, self.batch_size, learning_rate)
 
 
 # Attention is measured on fixed random cube points, half seen and half unseen (`probe_points`): the
@@ -98,17 +78,19 @@ PAPER_WIDTH = 256
 
 def _rung(name: str, model: ModelConfig) -> BooleanConfig:
     scale = PAPER_WIDTH / model.dim
-    return BooleanConfig(name, model, {task: (scale * lr, epochs) for task, (lr, epochs) in SCHEDULES.items()})
+    return BooleanConfig(
+        preset=name, model=model, schedules={task: (scale * lr, epochs) for task, (lr, epochs) in SCHEDULES.items()}
+    )
 
 
 PRESETS: dict[str, BooleanConfig] = {
-    "paper": BooleanConfig("paper", ModelConfig(256, 12, 6, 64, 256), SCHEDULES),
+    "paper": BooleanConfig(preset="paper", model=ModelConfig(256, 12, 6, 64, 256), schedules=SCHEDULES),
     # The paper scaled down on compute grounds alone (docs/design.md): width / 8, depth / 6, Adam's
     # learning rate x 8 (lr ~ 1/width), half the epochs. About 1/898 of the paper's training FLOPs per run.
     "quick": BooleanConfig(
-        "quick",
-        ModelConfig(dim=32, depth=2, heads=2, head_dim=16, mlp_dim=32),
-        {name: (8 * lr, epochs // 2) for name, (lr, epochs) in SCHEDULES.items()},
+        preset="quick",
+        model=ModelConfig(dim=32, depth=2, heads=2, head_dim=16, mlp_dim=32),
+        schedules={name: (8 * lr, epochs // 2) for name, (lr, epochs) in SCHEDULES.items()},
     ),
     # The scale ladder of issue 16 (docs/design.md, Presets): width and depth together, Adam's learning
     # rate x paper_width / width as in quick, the paper's epochs. `medium` is chosen among these by
@@ -116,9 +98,9 @@ PRESETS: dict[str, BooleanConfig] = {
     "w64d4": _rung("w64d4", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=64)),
     "w128d6": _rung("w128d6", ModelConfig(dim=128, depth=6, heads=4, head_dim=32, mlp_dim=128)),
     "test": BooleanConfig(
-        "test",
-        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
-        {name: (1e-3, 1) for name in SCHEDULES},
+        preset="test",
+        model=ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        schedules={name: (1e-3, 1) for name in SCHEDULES},
         chunk_steps=5,
         steps=10,
         eval_batch=8192,
@@ -130,10 +112,6 @@ PRESETS: dict[str, BooleanConfig] = {
 # By that rule (docs/results/boolean_scale.md): quick fails it on every task, w64d4 passes it on 2Parity,
 # Majority and ThreeSym, and a medium table at w128d6 (about 81 h of CPU) is beyond reach.
 PRESETS["medium"] = dataclasses.replace(PRESETS["w64d4"], preset="medium")
-
-
-def get_preset(name: str) -> BooleanConfig:
-    return runs.get_preset(PRESETS, name)
 
 
 def task_mask_logits(
@@ -167,12 +145,6 @@ def oracle_pattern(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
 
 def make_model(task: BooleanTask, method: Method, config: BooleanConfig, mask_init=None) -> GotuTransformer:
     return GotuTransformer(task.n_bits, config.model, method.mask_mode, mask_init, method.qk_norm)
-
-
-def predict(model: GotuTransformer, variables: dict, x: jax.Array, eval_batch: int) -> jax.Array:
-    """Predictions on x in chunks of eval_batch points, to bound memory on the whole cube."""
-    (chunks,), _ = runs.eval_chunks([np.asarray(x)], eval_batch)
-    return jax.lax.map(lambda xb: model.apply(variables, xb), chunks).reshape(-1)[: x.shape[0]]
 
 
 def layer0_attention(model: GotuTransformer, variables: dict, x: jax.Array) -> jax.Array:
@@ -266,27 +238,26 @@ def oracle_target(task: BooleanTask, config: BooleanConfig) -> np.ndarray:
     return mask_patterns.row_distribution(np.asarray(logits))
 
 
-class GroupInputs(NamedTuple):
-    """Everything `train` needs for one (task, method) group, plus what evaluation reuses."""
+class BooleanGroup(NamedTuple):
+    """What one group trains: a task by a method; mask_values, when given, are run i's open and closed
+    logits (numbers only, so a whole contrast grid shares one compiled program)."""
 
+    task: BooleanTask
+    method: Method
+    mask_values: tuple[tuple[float, float], ...] | None = None
+
+
+class BooleanInputs(NamedTuple):
+    """One group's training inputs, and what its records need."""
+
+    inputs: TrainInputs
     model: GotuTransformer
-    init_run: Callable
-    loss: Callable
-    run_keys: jax.Array
-    run_masks: jax.Array
     mask_values: list[tuple[float, float]]
-    data: tuple[jax.Array, jax.Array]
-    train_config: TrainConfig
 
 
-def make_group(
-    task: BooleanTask,
-    method: Method,
-    seeds: Sequence[int],
-    config: BooleanConfig,
-    mask_values: Sequence[tuple[float, float]] | None = None,
-) -> GroupInputs:
-    """The one-run init and loss of (task, method) and the per-run inputs of every seed."""
+def make_group(group: BooleanGroup, seeds: Sequence[int], config: BooleanConfig) -> BooleanInputs:
+    """The one-run init, loss and drift probe of (task, method) and the per-run inputs of every seed."""
+    task, method, mask_values = group
     if mask_values is not None and len(mask_values) != len(seeds):
         raise ConfigError(f"{len(mask_values)} mask values for {len(seeds)} runs")
     values = list(mask_values) if mask_values is not None else [(config.open_value, config.closed_value)] * len(seeds)
@@ -316,46 +287,41 @@ def make_group(
         x, y = batch
         return jnp.mean((model.apply(variables_of(params, constants), x) - y) ** 2)
 
-    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), run_masks, values, data, config.train_config(task))
+    probe = drift_probe(model, method, task, loss, probe_batches(data, config.batch_size))
+    inputs = TrainInputs(
+        init_run, loss, runs.seed_keys(seeds), (run_masks,), data, config.train_config(task), probe=probe
+    )
+    return BooleanInputs(inputs, model, values)
 
 
-def run_group(
-    task: BooleanTask,
-    method: Method,
+def record_group(
+    group: BooleanGroup,
     seeds: Sequence[int],
     config: BooleanConfig,
-    log: Callable[[str], None] | None = None,
-    checkpoints: SweepCheckpoints | None = None,
-    resume: bool = False,
-    mask_values: Sequence[tuple[float, float]] | None = None,
+    built: BooleanInputs,
+    trained: Trained,
+    started: float,
 ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train one (task, method) over all runs as one vmapped group; return records and attention maps.
-
-    Run i has seed seeds[i] and, when mask_values is given, open / closed logits mask_values[i]:
-    numbers only, so a whole contrast grid shares one compiled program.
-    """
-    batch = make_group(task, method, seeds, config, mask_values)
-    model, train_config, values = batch.model, batch.train_config, batch.mask_values
+    """One record per seed of a trained (task, method) group, scored on the whole cube, and the groups's
+    layer-0 attention maps at init and after training."""
+    task, method, _ = group
+    model, values = built.model, built.mask_values
     points = cube(task.n_bits)
     seen = np.asarray(task.seen(points), bool)
-    x_all = jnp.asarray(points, jnp.float32)
     target = oracle_target(task, config)
-    started = time.time()
-    probe = drift_probe(model, method, task, batch.loss, probe_batches(batch.data, config.batch_size))
-    trained = train_group(batch, f"{task.name} {method.name}", log, checkpoints, resume, probe=probe)
     initial, final, drift, drift_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
-
-    @jax.jit
-    @jax.vmap
-    def evaluate(params, constants):
-        return predict(model, variables_of(params, constants), x_all, config.eval_batch)
-
-    preds = to_host(evaluate(final.params, final.constants))
+    preds = runs.evaluate_runs(
+        lambda variables, batch, filler: model.apply(variables, batch[0]),
+        final,
+        [np.asarray(points, np.float32)],
+        config.eval_batch,
+        summed=False,
+    )
     on_maps = MapPoints(task, model)
     attention_init, attention_final = on_maps.attention(initial), on_maps.attention(final)
     maps = {"init": on_maps.mean(attention_init), "final": on_maps.mean(attention_final)}
     failed = ~np.all(np.isfinite(preds), axis=1)
-    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, failed)
+    outcomes = runs.outcome_fields(trained, built.inputs.train_config, time.time() - started, failed)
     recovery = learned_recovery(task, config) if method.mask_pattern == "learned" else {}
     pair = parity_pair(task)
     records = []
@@ -417,67 +383,13 @@ class MapPoints:
 def init_pattern_errors(task: BooleanTask, method: Method, seeds: Sequence[int], config: BooleanConfig) -> list[float]:
     """Each seed's pattern_error_init without training: how well layer 0 matches the oracle target at init.
 
-    The runs are initialised exactly as `run_group` initialises them, so the numbers are the same.
+    The runs are initialised exactly as training initialises them, so the numbers are the same.
     """
-    batch = make_group(task, method, seeds, config)
-    program = compile_program(batch.init_run, batch.loss, batch.data[0].shape[0], batch.train_config)
-    initial = init_runs(program, batch.run_keys, (batch.run_masks,))
-    on_maps = MapPoints(task, batch.model)
+    built = make_group(BooleanGroup(task, method), seeds, config)
+    initial = init_runs(built.inputs.program(), built.inputs.run_keys, built.inputs.run_inputs)
+    on_maps = MapPoints(task, built.model)
     target = oracle_target(task, config)
     return [on_maps.error(m, target) for m in on_maps.attention(initial)[: len(seeds)]]
-
-
-def train_flops(model: ModelConfig, n_tokens: int, batch_size: int) -> float:
-    """Matmul FLOPs of one training step of one run, 3x the forward's (the backward costs two forwards):
-    the scale axis of docs/results/boolean_scale.md. LayerNorm, softmax, GELU and the optimizer are left
-    out: against XLA's count of the whole step it is 88% at quick, 94% at w64d4, 97% at w128d6 and 99% at
-    the paper's size (docs/benchmarks/train_step_*_cpu2.txt)."""
-    inner = model.heads * model.head_dim
-    dense = n_tokens * (3 * model.dim * inner + inner * model.dim + 2 * model.dim * model.mlp_dim)
-    attention = 2 * n_tokens**2 * inner
-    forward = 2 * (model.depth * (dense + attention) + model.dim)
-    return 3.0 * batch_size * forward
-
-
-# The vanilla rule that picks the medium preset (docs/design.md, Presets): train loss under FIT_LOSS and
-# acc_all within MDI_BAND of the MDI's, in at least 3 of 4 seeds.
-FIT_LOSS = 1e-3
-MDI_BAND = 0.01
-
-
-def vanilla_rule(records: Sequence[dict], mdi_acc: float) -> dict:
-    """How many of a task's vanilla runs fit the seen data, land on the MDI, and both; passes when both
-    hold in at least three quarters of them. A diverged run (no loss, no accuracy) does neither."""
-    fit = [r["train_loss"] is not None and r["train_loss"] < FIT_LOSS for r in records]
-    at_mdi = [r["acc_all"] is not None and abs(r["acc_all"] - mdi_acc) <= MDI_BAND for r in records]
-    both = runs.seed_verdict([f and a for f, a in zip(fit, at_mdi, strict=True)])
-    return {
-        "seeds": both["seeds"],
-        "fit": sum(fit),
-        "at_mdi": sum(at_mdi),
-        "both": both["pass"],
-        "passes": both["passes"],
-    }
-
-
-# Issue 43's floor for Cyclic3 (docs/design.md, "The low-data floor"): vanilla at the MDI's plateau, at
-# least this share of the seen points right, in at least 6 of 8 seeds.
-SEEN_FLOOR = 0.97
-
-
-def seen_accuracy(record: dict) -> float | None:
-    """Accuracy on the seen points alone, from the whole cube's and the unseen part's (records store those
-    two): acc_all = s * acc_seen + (1 - s) * acc_unseen, s the seen share of the cube."""
-    if record.get("acc_all") is None or record.get("acc_unseen") is None:
-        return None
-    share = seen_share(get_task(record["task"]))
-    return (record["acc_all"] - (1.0 - share) * record["acc_unseen"]) / share
-
-
-def plateau_floor(records: Sequence[dict], floor: float = SEEN_FLOOR) -> dict:
-    """How many vanilla seeds sit at the MDI plateau (at least `floor` of the seen points right); passes
-    when at least three quarters do."""
-    return runs.seed_verdict([(acc := seen_accuracy(r)) is not None and acc >= floor for r in records])
 
 
 def mdi_record(task: BooleanTask) -> dict:
@@ -495,22 +407,6 @@ def mdi_record(task: BooleanTask) -> dict:
     }
 
 
-def resolve(
-    tasks: Sequence[str], methods: Sequence[str], config: BooleanConfig
-) -> tuple[list[BooleanTask], list[Method]]:
-    """Tasks and methods by name; a (task, method) pair that cannot be built fails here, before any training."""
-    resolved = [get_task(t) for t in tasks], [get_method(m) for m in methods]
-    for method in resolved[1]:
-        check_in_study(method, "boolean")
-    for task in resolved[0]:
-        for method in resolved[1]:
-            try:
-                task_mask_logits(task, method, config)
-            except ConfigError as e:
-                raise ConfigError(f"{method.name} on {task.name}: {e}") from None
-    return resolved
-
-
 @dataclasses.dataclass(frozen=True)
 class BooleanScope:
     tasks: tuple[str, ...] = option(("2parity",), help=f"comma list of {','.join(TASKS)}")
@@ -518,8 +414,6 @@ class BooleanScope:
 
 KEYS = ("acc_all", "acc_unseen", "mse", "unseen_mean_prediction", "train_loss")
 SEED_KEYS = ("acc_all", "unseen_mean_prediction")
-GRADIENT_KEYS = ("grad_norm_mask", "grad_norm_qk")
-CHANGE_KEYS = ("mask_change_open_mean", "mask_change_closed_mean", "mask_change_closed_max")
 
 
 def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple[str, ...] = ("task", "method")) -> str:
@@ -531,28 +425,6 @@ def summary_markdown(records: list[dict], reference: list[dict], group_by: tuple
         *[tables.per_seed_table(records, key, group_by) for key in SEED_KEYS],
     ]
     return "\n".join(parts)
-
-
-def plot_probes(out: Path, task_name: str, task_records: list[dict]) -> None:
-    """loss_TASK.png, drift_TASK.png, gradients_TASK.png and, when a mask was trained, mask_change_TASK.png."""
-    plots.plot_loss(task_records, out / f"loss_{task_name}.png")
-    plots.plot_drift(task_records, out / f"drift_{task_name}.png")
-    plots.plot_drift(task_records, out / f"gradients_{task_name}.png", GRADIENT_KEYS, log=True)
-    if any("mask_change_open_mean" in r for r in task_records):
-        plots.plot_drift(task_records, out / f"mask_change_{task_name}.png", CHANGE_KEYS, log=True)
-
-
-def plot_task(out: Path, task: BooleanTask, config: BooleanConfig, maps: dict[str, dict[str, np.ndarray]]) -> None:
-    """The prior, then per method (seed 0) the layer-0 attention at init and after training (cf. the paper's Fig. 5)."""
-    labels = ["CLS", *[f"x{i}" for i in range(task.n_bits)]]
-    panels = {
-        f"prior: open entries ({config.row_policy})": oracle_pattern(task, config).astype(float),
-        "target: softmax(log_sigmoid(M))": oracle_target(task, config),
-    }
-    for name, attention in maps.items():
-        panels[f"{name} layer 0, init"] = attention["init"][0]
-        panels[f"{name} layer 0, trained"] = attention["final"][0]
-    plots.plot_matrices(panels, out / f"attention_{task.name}.png", labels)
 
 
 def check_config(config: BooleanConfig) -> None:
@@ -571,6 +443,7 @@ class BooleanStudy(Study):
     presets = PRESETS
     default_seeds = 8
     default_methods = ("vanilla", "mask", "mask_fixed", "mask_zero")
+    benchmark_scope = BooleanScope(tasks=("2parity",))
 
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         rate = overrides.flag_type(float, {"above": 0}, "learning_rate")
@@ -585,15 +458,19 @@ class BooleanStudy(Study):
     def check(self, config: BooleanConfig, scope: BooleanScope) -> None:
         check_config(config)
 
-    def resolve_methods(self, names: Sequence[str], config: BooleanConfig, scope: BooleanScope) -> list[Method]:
-        return resolve(scope.tasks, names, config)[1]
+    def check_method(self, method: Method, config: BooleanConfig, scope: BooleanScope) -> None:
+        for task in self.make_data(config, scope, lambda message: None):
+            try:
+                task_mask_logits(task, method, config)
+            except ConfigError as e:
+                raise ConfigError(f"{method.name} on {task.name}: {e}") from None
 
     def make_data(self, config: BooleanConfig, scope: BooleanScope, log: Callable[[str], None]) -> list[BooleanTask]:
         return [get_task(t) for t in scope.tasks]
 
-    def groups(self, plan: Plan) -> list[Group]:
+    def groups(self, plan: Plan) -> list[Group[BooleanGroup]]:
         return [
-            Group({"task": task.name, "method": method.name}, (task, method))
+            Group({"task": task.name, "method": method.name}, BooleanGroup(task, method))
             for task in plan.data
             for method in plan.methods
         ]
@@ -607,9 +484,11 @@ class BooleanStudy(Study):
     def reference(self, plan: Plan) -> list[dict]:
         return [mdi_record(t) for t in plan.data]
 
-    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
-        task, method = group.items
-        return run_group(task, method, plan.seeds, plan.config, log, checkpoints, resume)
+    def build(self, config: BooleanConfig, spec: BooleanGroup, seeds: Sequence[int]) -> BooleanInputs:
+        return make_group(spec, seeds, config)
+
+    def record(self, config, spec: BooleanGroup, seeds, built: BooleanInputs, trained: Trained, started: float):
+        return record_group(spec, seeds, config, built, trained, started)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         return summary_markdown(records, reference), tables.summary_table(reference + records, KEYS, ("task", "method"))
@@ -620,11 +499,15 @@ class BooleanStudy(Study):
             if not task_records:
                 continue
             trained = dict.fromkeys(r["method"] for r in task_records)
-            arrays = {m: a for m in trained if (a := maps(f"{task.name}_{m}")) is not None}
-            plot_task(plan.out, task, plan.config, arrays)
+            arrays = {m: a for m in trained if (a := maps({"task": task.name, "method": m})) is not None}
+            prior = {
+                f"prior: open entries ({plan.config.row_policy})": oracle_pattern(task, plan.config).astype(float),
+                "target: softmax(log_sigmoid(M))": oracle_target(task, plan.config),
+            }
+            plot_task(plan.out, task, prior, arrays)
             plot_probes(plan.out, task.name, task_records)
         done = {r["task"] for r in records}
         plots.plot_accuracy([r for r in reference if r["task"] in done] + records, plan.out / "accuracy.png")
 
 
-STUDY = BooleanStudy()
+STUDY = register(BooleanStudy())

@@ -11,9 +11,8 @@ is scored: perplexity per token and bits per byte.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,28 +23,21 @@ import optax
 
 from maskjax import mask_patterns, plots, probes, qk_priors, runs, tables
 from maskjax.attention import toeplitz_logits
-from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data import text, tokenizer
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.models.causal import CausalTransformer
 from maskjax.models.layers import ModelConfig
-from maskjax.overrides import option
-from maskjax.study import Group, Plan, Study
+from maskjax.optim import OptimizerConfig, TrainConfig
+from maskjax.overrides import option, with_default
+from maskjax.sharding import to_host
+from maskjax.study import Group, Plan, Study, register
 from maskjax.tasks import language as lt
-from maskjax.train import (
-    TrainConfig,
-    cosine_train_config,
-    mask_decay_option,
-    optimizer_option,
-    to_host,
-    train_group,
-    variables_of,
-)
+from maskjax.train import Trained, TrainInputs, variables_of
 
 
-@dataclasses.dataclass(frozen=True)
-class LanguageConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LanguageConfig(OptimizerConfig):
     """scale: s in log_sigmoid(s * M) (the paper's 10, chosen by hand); mask_init: `lt.MASK_INITS`;
     share_mask: one bias for all layers instead of one per layer; max_positions: the learned position
     table's size (default: the context), which the context must not exceed."""
@@ -58,35 +50,39 @@ class LanguageConfig:
     tokenizer: str = option("bpe", help="bpe (trained on the training split, cached) or gpt2:DIR (local GPT-2 files)")
     batch_size: int = option(32, help="windows per step")
     learning_rate: float = option(1e-3, above=0, help="AdamW peak learning rate")
-    weight_decay: float = option(0.1, minimum=0, help="AdamW weight decay")
+    weight_decay: float = with_default(OptimizerConfig, "weight_decay", 0.1)
     warmup_fraction: float = option(0.05, minimum=0, below=1, help="share of the steps in linear warmup")
     clip_norm: float | None = option(1.0, above=0, help="clip the gradient's global norm (none: no clipping)")
     scale: float = option(10.0, above=0, help="s in log_sigmoid(s * M)")
     mask_init: str = option("window", choices=lt.MASK_INITS, help="initial m per head and distance")
     share_mask: bool = option(False, help="one bias for all layers (default: one per layer)")
     max_positions: int | None = option(None, help="learned position table size (default: the context)")
-    chunk_steps: int = option(100, help="steps per compiled chunk")
+    chunk_steps: int = with_default(OptimizerConfig, "chunk_steps", 100)
     val_windows: int = option(32, help="validation windows of the per-chunk probe")
     drift_windows: int = option(4, help="windows of the attention-drift probe")
     eval_batch: int = option(32, help="test windows scored at once")
-    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
     qk_position_scale: float = option(
         qk_priors.POSITION_SCALE, above=0, help="factor on the position embeddings under the QK-SVD and QK-opt priors"
     )
-    optimizer: str = optimizer_option("adamw")
-    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self) -> TrainConfig:
         warmup = int(self.warmup_fraction * self.steps)
-        return cosine_train_config(self, self.steps, self.batch_size, warmup_steps=warmup, clip_norm=self.clip_norm)
+        return self.optimizer_config(
+            self.steps,
+            self.batch_size,
+            self.learning_rate,
+            schedule="cosine",
+            warmup_steps=warmup,
+            clip_norm=self.clip_norm,
+        )
 
 
 PRESETS: dict[str, LanguageConfig] = {
     # For an accelerator, near the paper's small models: GPT-2 BPE (pass --tokenizer=gpt2:DIR), 6 x 384,
     # context 256, AdamW with warmup and cosine decay.
     "paper": LanguageConfig(
-        "paper",
-        ModelConfig(dim=384, depth=6, heads=6, head_dim=64, mlp_dim=1536),
+        preset="paper",
+        model=ModelConfig(dim=384, depth=6, heads=6, head_dim=64, mlp_dim=1536),
         context=256,
         steps=20_000,
         vocab_size=50_257,
@@ -99,21 +95,24 @@ PRESETS: dict[str, LanguageConfig] = {
     # Sized for the 2-core CPU before any mask result (docs/results/language_quick.md says how): 4 layers of
     # width 64, context 128, a 4096-token BPE; 300 steps of 32 windows, 0.9 epochs of Brown's training split.
     "quick": LanguageConfig(
-        "quick", ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256), context=128, steps=300
+        preset="quick",
+        model=ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=256),
+        context=128,
+        steps=300,
     ),
     # Named by docs/design.md's rule ("Sizes that learn"): the first rung at which vanilla's test bits per
     # byte are below the bigram on the same tokens in every seed (docs/results/language_ladder.md):
     # 4 x 128 on a 1024-token BPE, 2,000 steps of 32 windows of 128 tokens.
     "medium": LanguageConfig(
-        "medium",
-        ModelConfig(dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512),
+        preset="medium",
+        model=ModelConfig(dim=128, depth=4, heads=4, head_dim=32, mlp_dim=512),
         context=128,
         steps=2000,
         vocab_size=1024,
     ),
     "test": LanguageConfig(
-        "test",
-        ModelConfig(dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32),
+        preset="test",
+        model=ModelConfig(dim=16, depth=2, heads=2, head_dim=8, mlp_dim=32),
         context=8,
         steps=6,
         vocab_size=300,
@@ -125,7 +124,6 @@ PRESETS: dict[str, LanguageConfig] = {
         qk_opt_steps=20,
     ),
 }
-
 
 
 class LanguageData(NamedTuple):
@@ -141,10 +139,6 @@ class LanguageData(NamedTuple):
     test: np.ndarray
     test_weights: np.ndarray
     test_bytes: int
-
-
-def get_preset(name: str) -> LanguageConfig:
-    return runs.get_preset(PRESETS, name)
 
 
 def check_config(config: LanguageConfig) -> None:
@@ -250,24 +244,48 @@ def mask_profiles(model: CausalTransformer, method: Method, variables: dict) -> 
     return (gathered * visible).sum(-2) / visible.sum(-2)
 
 
-def run_group(
-    data: LanguageData,
-    method: Method,
-    seeds: Sequence[int],
-    config: LanguageConfig,
-    log: Callable[[str], None] | None = None,
-    checkpoints: SweepCheckpoints | None = None,
-    resume: bool = False,
-) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train (corpus, method) for every seed as one vmapped group. Returns one record per seed and, for the
-    plots, seed 0's bias per layer, head and distance at init and after training."""
-    batch = make_group(data, method, seeds, config)
-    model, train_config = batch.model, batch.train_config
+class LanguageGroup(NamedTuple):
+    """What one group trains: a tokenized corpus, by a method."""
+
+    data: LanguageData
+    method: Method
+
+
+class LanguageInputs(NamedTuple):
+    """One group's training inputs, and what its records need."""
+
+    inputs: TrainInputs
+    model: CausalTransformer
+    drift_windows: jax.Array
+    window_attention: np.ndarray
+
+
+def make_group(group: LanguageGroup, seeds: Sequence[int], config: LanguageConfig) -> LanguageInputs:
+    """The one-run init, loss and probe of (corpus, method) and every seed's key and initial mask; all runs
+    share the training windows. The probe measures after every chunk the validation loss on fixed windows,
+    the attention's drift and its distance to the window's attention, per layer, and for a mask how far it
+    moved as a function of distance."""
+    data, method = group
+    model = make_model(data.vocab_size, method, config)
+    train_windows = jnp.asarray(data.train)
+    pattern_HNN, target_HNN = window_prior(config)
+    init_run = runs.prior_init(
+        lambda mask_logits: make_model(data.vocab_size, method, config, mask_logits),
+        method,
+        train_windows[:1, :-1],
+        jnp.asarray(pattern_HNN),
+        jnp.asarray(target_HNN),
+        config.qk_opt_steps,
+        config.qk_position_scale,
+    )
+
+    def loss(params, constants, windows_BW):
+        return window_nll(model.apply(variables_of(params, constants), windows_BW[:, :-1]), windows_BW).mean()
+
     val_x = jnp.asarray(data.val[: config.val_windows])
     val_w = jnp.asarray(data.val_weights[: config.val_windows])
     drift_x = val_x[: config.drift_windows, :-1]
-    has_mask = method.mask_mode != "none"
-    window_HNN = jnp.asarray(window_prior(config)[1])
+    window_HNN = jnp.asarray(target_HNN)
 
     def probe(initial, state) -> dict[str, jax.Array]:
         variables = variables_of(state.params, state.constants)
@@ -280,24 +298,35 @@ def run_group(
             # every layer's distance to the window's attention (the prior every method is held against)
             "window_distance": 0.5 * jnp.abs(attention_LBHNN - window_HNN).sum(-1).mean((1, 2, 3)),
         }
-        if has_mask:
+        if method.mask_mode != "none":
             out |= probes.mask_persistence(mask_profiles(model, method, start), mask_profiles(model, method, variables))
         return out
 
-    started = time.time()
-    trained = train_group(
-        batch,
-        f"{data.corpus} {method.name}",
-        log,
-        checkpoints,
-        resume,
-        probe=probe,
+    run_masks = jnp.asarray(np.stack([initial_mask(method, config)] * len(seeds)))
+    inputs = TrainInputs(
+        init_run, loss, runs.seed_keys(seeds), (run_masks,), train_windows, config.train_config(), probe=probe
     )
+    return LanguageInputs(inputs, model, drift_x, np.asarray(target_HNN))
+
+
+def record_group(
+    group: LanguageGroup,
+    seeds: Sequence[int],
+    config: LanguageConfig,
+    built: LanguageInputs,
+    trained: Trained,
+    started: float,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """One record per seed of a trained (corpus, method) group: the whole test split scored, perplexity per
+    token and bits per byte; and, for the plots, seed 0's bias per layer, head and distance at init and after
+    training."""
+    data, method = group
+    model = built.model
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     nll_sum, tokens = score(model, final, data.test, data.test_weights, config.eval_batch)
-    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(nll_sum))
+    outcomes = runs.outcome_fields(trained, built.inputs.train_config, time.time() - started, ~np.isfinite(nll_sum))
     # how near each run's layer 0 starts to the window's attention, on the drift probe's windows
-    pattern_error = runs.layer0_pattern_error(model, initial, drift_x, np.asarray(window_HNN))
+    pattern_error = runs.layer0_pattern_error(model, initial, built.drift_windows, built.window_attention)
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
@@ -320,68 +349,25 @@ def run_group(
             }
         )
     maps = {}
-    if has_mask:
+    if method.mask_mode != "none":
         start, end = (jax.tree.map(lambda a: a[0], s) for s in (initial, final))
         maps["mask_init"] = to_host(mask_profiles(model, method, variables_of(start.params, start.constants)))
         maps["mask_final"] = to_host(mask_profiles(model, method, variables_of(end.params, end.constants)))
     return records, maps
 
 
-class GroupInputs(NamedTuple):
-    """What `train.train_group` needs for one (corpus, method) group, and the model evaluation reuses."""
-
-    model: CausalTransformer
-    init_run: Callable
-    loss: Callable
-    run_keys: jax.Array
-    run_masks: jax.Array
-    data: jax.Array
-    train_config: TrainConfig
-
-
-def make_group(data: LanguageData, method: Method, seeds: Sequence[int], config: LanguageConfig) -> GroupInputs:
-    """The one-run init and loss of (corpus, method) and every seed's key and initial mask; all runs share
-    the training windows."""
-    model = make_model(data.vocab_size, method, config)
-    train_windows = jnp.asarray(data.train)
-    pattern_HNN, target_HNN = window_prior(config)
-    init_run = runs.prior_init(
-        lambda mask_logits: make_model(data.vocab_size, method, config, mask_logits),
-        method,
-        train_windows[:1, :-1],
-        jnp.asarray(pattern_HNN),
-        jnp.asarray(target_HNN),
-        config.qk_opt_steps,
-        config.qk_position_scale,
-    )
-
-    def loss(params, constants, windows_BW):
-        return window_nll(model.apply(variables_of(params, constants), windows_BW[:, :-1]), windows_BW).mean()
-
-    run_masks = jnp.asarray(np.stack([initial_mask(method, config)] * len(seeds)))
-    return GroupInputs(model, init_run, loss, runs.seed_keys(seeds), run_masks, train_windows, config.train_config())
-
-
 def score(model: CausalTransformer, state, windows: np.ndarray, weights: np.ndarray, eval_batch: int):
-    """Per run, the summed negative log-likelihood over every weighted target of `windows` ([runs]), and the
-    number of targets. A last partial chunk's filler windows weigh 0. The windows are arguments of the
-    compiled program, not constants inside it (see `vision.evaluate`)."""
-    (x, w), filler = runs.eval_chunks([windows, weights], eval_batch)
-    if filler is not None:
-        w = w * filler[..., None]
+    """Per run, the summed negative log-likelihood over every weighted target of `windows` ([runs], float64),
+    and the number of targets. A last partial chunk's filler windows weigh 0."""
 
-    @jax.jit
-    @functools.partial(jax.vmap, in_axes=(0, 0, None, None))
-    def one_run(params, constants, x, w):
-        variables = variables_of(params, constants)
+    def chunk_nll(variables, batch, filler):
+        windows_BW, weights_BL = batch
+        if filler is not None:
+            weights_BL = weights_BL * filler[:, None]
+        return (window_nll(model.apply(variables, windows_BW[:, :-1]), windows_BW) * weights_BL).sum()
 
-        def chunk(batch):
-            windows_BW, weights_BL = batch
-            return (window_nll(model.apply(variables, windows_BW[:, :-1]), windows_BW) * weights_BL).sum()
-
-        return jax.lax.map(chunk, (x, w)).sum()
-
-    return to_host(one_run(state.params, state.constants, x, w)).astype(np.float64), float(weights.sum())
+    nll = runs.evaluate_runs(chunk_nll, state, [windows, weights], eval_batch)
+    return nll.astype(np.float64), float(weights.sum())
 
 
 def ladder_rule(records: Sequence[dict], bigram_bpb: float) -> dict:
@@ -452,12 +438,22 @@ class LanguageStudy(Study):
         log(f"{len(data.train)} training windows of {config.context}, {int(data.test_weights.sum())} test tokens")
         return data
 
-    def groups(self, plan: Plan) -> list[Group]:
-        return [Group({"corpus": plan.data.corpus, "method": m.name}, (m,)) for m in plan.methods]
+    def sample_data(self, config: LanguageConfig, scope: LanguageScope) -> LanguageData:
+        """512 random windows of the context and vocabulary: what a step reads, without a corpus."""
+        windows = np.random.default_rng(0).integers(0, config.vocab_size, (512, config.context + 1)).astype(np.int32)
+        weights = np.ones((512, config.context), np.float32)
+        return LanguageData("random", "none", config.vocab_size, windows, windows, weights, windows, weights, 1)
 
-    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
-        (method,) = group.items
-        return run_group(plan.data, method, plan.seeds, plan.config, log, checkpoints, resume)
+    def groups(self, plan: Plan) -> list[Group[LanguageGroup]]:
+        return [
+            Group({"corpus": plan.data.corpus, "method": m.name}, LanguageGroup(plan.data, m)) for m in plan.methods
+        ]
+
+    def build(self, config: LanguageConfig, spec: LanguageGroup, seeds: Sequence[int]) -> LanguageInputs:
+        return make_group(spec, seeds, config)
+
+    def record(self, config, spec: LanguageGroup, seeds, built: LanguageInputs, trained: Trained, started: float):
+        return record_group(spec, seeds, config, built, trained, started)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)
@@ -473,8 +469,8 @@ class LanguageStudy(Study):
         plots.plot_step_curves(records, plan.out / "curves.png", CURVE_KEYS)
         plots.plot_drift(records, plan.out / "persistence.png", PERSISTENCE_KEYS)
         for method in dict.fromkeys(r["method"] for r in records):
-            if (arrays := maps(f"{plan.data.corpus}_{method}")) is not None:
+            if (arrays := maps({"corpus": plan.data.corpus, "method": method})) is not None:
                 plot_bias(arrays, plan.config.scale, method, plan.out / f"bias_{method}.png")
 
 
-STUDY = LanguageStudy()
+STUDY = register(LanguageStudy())

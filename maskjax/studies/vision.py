@@ -10,9 +10,8 @@ how far M moved and how much of it kept its sign.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,29 +21,22 @@ import numpy as np
 import optax
 
 from maskjax import mask_patterns, plots, probes, runs, tables
-from maskjax.checkpoint import SweepCheckpoints
 from maskjax.data import images
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.models.layers import ModelConfig
 from maskjax.models.vit import ViT
-from maskjax.overrides import option
-from maskjax.study import Group, Plan, Study
+from maskjax.optim import OptimizerConfig, TrainConfig
+from maskjax.overrides import option, with_default
+from maskjax.sharding import to_host
+from maskjax.study import Group, Plan, Study, register
 from maskjax.tasks import vision as vt
-from maskjax.train import (
-    TrainConfig,
-    cosine_train_config,
-    mask_decay_option,
-    optimizer_option,
-    to_host,
-    train_group,
-    variables_of,
-)
+from maskjax.train import Trained, TrainInputs, variables_of
 
 
-@dataclasses.dataclass(frozen=True)
-class VisionConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VisionConfig(OptimizerConfig):
     """epochs over each run's training set set the steps, at least min_steps (so a small training fraction
     still trains), unless `steps` overrides them; a linear warmup over warmup_fraction of the steps
     precedes the cosine decay."""
@@ -55,7 +47,7 @@ class VisionConfig:
     epochs: int = option(help="epochs over each training set")
     batch_size: int = option(512, help="images per step (at most the training set)")
     learning_rate: float = option(1e-3, above=0, help="peak learning rate (warmup, then cosine decay)")
-    weight_decay: float = option(0.01, minimum=0, help="weight decay")
+    weight_decay: float = with_default(OptimizerConfig, "weight_decay", 0.01)
     min_steps: int = option(0, minimum=0, help="at least this many steps, whatever the epochs give")
     warmup_fraction: float = option(0.05, minimum=0, below=1, help="share of the steps in linear warmup")
     clip_norm: float | None = option(1.0, above=0, help="clip the gradient's global norm (none: no clipping)")
@@ -65,31 +57,34 @@ class VisionConfig:
     pool: str = option("gap", choices=("gap", "cls"), help="global average pooling or a CLS token")
     crop_pad: int = option(4, minimum=0, help="pixels of padding the random crop moves within")
     steps: int | None = option(None, help="training steps, overriding the epochs")
-    chunk_steps: int = option(200, help="steps per compiled chunk")
     eval_batch: int = option(1000, help="test images scored at once")
     probe_images: int = option(512, help="test images of the per-chunk accuracy probe")
     drift_images: int = option(16, help="test images of the attention-drift probe")
-    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
-    optimizer: str = optimizer_option("adamw")
-    mask_weight_decay: float | None = mask_decay_option()
 
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
         steps = self.steps if self.steps is not None else max(self.epochs * (n_train // batch), self.min_steps)
         warmup = int(self.warmup_fraction * steps)
-        return cosine_train_config(self, steps, batch, warmup_steps=warmup, clip_norm=self.clip_norm)
+        return self.optimizer_config(
+            steps, batch, self.learning_rate, schedule="cosine", warmup_steps=warmup, clip_norm=self.clip_norm
+        )
 
 
 PRESETS: dict[str, VisionConfig] = {
     # ViT-Tiny as the paper's CIFAR runs (Zheng et al. 2024's recipe: 32 x 32, patch 2, GAP, AdamW 1e-3
     # cosine, wd 0.01, batch 512, 200 epochs, 10 warmup); crop + flip stand in for RandAugment.
-    "paper": VisionConfig("paper", ModelConfig(dim=192, depth=12, heads=3, head_dim=64, mlp_dim=768), 2, 200),
+    "paper": VisionConfig(
+        preset="paper",
+        model=ModelConfig(dim=192, depth=12, heads=3, head_dim=64, mlp_dim=768),
+        patch_size=2,
+        epochs=200,
+    ),
     # Sized for a 2-core CPU before any mask result (docs/results/vision_quick.md says how): 28 x 28
     # Fashion-MNIST in 4 x 4 patches (a 7 x 7 grid), width 32, depth 2, 4 heads; 4 epochs of the full set,
     # and at least 600 steps at a small fraction.
     "quick": VisionConfig(
-        "quick",
-        ModelConfig(dim=32, depth=2, heads=4, head_dim=8, mlp_dim=64),
+        preset="quick",
+        model=ModelConfig(dim=32, depth=2, heads=4, head_dim=8, mlp_dim=64),
         patch_size=4,
         epochs=4,
         min_steps=600,
@@ -104,8 +99,8 @@ PRESETS: dict[str, VisionConfig] = {
     # patches (a 4 x 4 grid, in which the 3 x 3 window opens 4-9 of 16 keys), 30 epochs of the full set
     # (14,040 steps) and 6,900 steps at 5%.
     "medium": VisionConfig(
-        "medium",
-        ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=128),
+        preset="medium",
+        model=ModelConfig(dim=64, depth=4, heads=4, head_dim=16, mlp_dim=128),
         patch_size=7,
         epochs=30,
         min_steps=6900,
@@ -115,8 +110,8 @@ PRESETS: dict[str, VisionConfig] = {
         probe_images=500,
     ),
     "test": VisionConfig(
-        "test",
-        ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
+        preset="test",
+        model=ModelConfig(dim=16, depth=1, heads=2, head_dim=8, mlp_dim=16),
         patch_size=4,
         epochs=1,
         batch_size=8,
@@ -130,11 +125,6 @@ PRESETS: dict[str, VisionConfig] = {
         qk_opt_steps=10,
     ),
 }
-
-
-
-def get_preset(name: str) -> VisionConfig:
-    return runs.get_preset(PRESETS, name)
 
 
 def make_task(data: ImageData, config: VisionConfig) -> vt.VisionTask:
@@ -177,29 +167,33 @@ def qk_target(task: vt.VisionTask, method: Method, config: VisionConfig) -> tupl
     )
 
 
-class GroupInputs(NamedTuple):
-    """What `train` needs for one (dataset, fraction, method) group, and what evaluation reuses."""
+class VisionGroup(NamedTuple):
+    """What one group trains: a dataset at a training fraction, by a method."""
 
+    data: ImageData
+    fraction: float
+    method: Method
+
+
+class VisionInputs(NamedTuple):
+    """One group's training inputs, and what its records and figures need."""
+
+    inputs: TrainInputs
     task: vt.VisionTask
     model: ViT
-    init_run: Callable
-    loss: Callable
-    augment: Callable
-    run_keys: jax.Array
-    run_masks: jax.Array
-    data: tuple[jax.Array, jax.Array]
-    data_per_run: bool
-    train_config: TrainConfig
     target: np.ndarray
     mean: jax.Array
     std: jax.Array
+    drift_images: jax.Array
 
 
-def make_group(
-    data: ImageData, method: Method, fraction: float, seeds: Sequence[int], config: VisionConfig
-) -> GroupInputs:
-    """The one-run init, loss and augmentation of (dataset, fraction, method) and every seed's inputs: its
-    key, its initial mask and, below the full set, its own class-balanced training subset."""
+def make_group(group: VisionGroup, seeds: Sequence[int], config: VisionConfig) -> VisionInputs:
+    """The one-run init, loss, augmentation and probe of (dataset, fraction, method) and every seed's inputs:
+    its key, its initial mask and, below the full set, its own class-balanced training subset.
+
+    The probe measures after every chunk the test accuracy and loss on a fixed test subset, the attention's
+    drift and its weight outside the window on a few test images and, for a mask, how far M moved."""
+    data, fraction, method = group
     task = make_task(data, config)
     mean, std = (jnp.asarray(v) for v in vt.channel_stats(data.train_images))
     subsets = [vt.balanced_subset(data.train_labels, fraction, seed) for seed in seeds]
@@ -232,45 +226,10 @@ def make_group(
         images, labels = batch
         return vt.augment(key, images, config.crop_pad, task.flip), labels
 
-    train_config = config.train_config(len(subsets[0]))
-    return GroupInputs(
-        task,
-        model,
-        init_run,
-        loss,
-        augment,
-        runs.seed_keys(seeds),
-        run_masks,
-        train_data,
-        per_run,
-        train_config,
-        np.asarray(target),
-        mean,
-        std,
-    )
-
-
-def run_group(
-    data: ImageData,
-    method: Method,
-    fraction: float,
-    seeds: Sequence[int],
-    config: VisionConfig,
-    log: Callable[[str], None] | None = None,
-    checkpoints: SweepCheckpoints | None = None,
-    resume: bool = False,
-) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Train (dataset, fraction, method) for every seed as one vmapped group. Returns one record per
-    seed and, for the plots, seed 0's masks [layers, heads, N, N] at init and after training and its
-    attention on the first test image."""
-    batch = make_group(data, method, fraction, seeds, config)
-    model, mean, std, train_config = batch.model, batch.mean, batch.std, batch.train_config
-    n_train = batch.data[1].shape[-1]
     probe_x = jnp.asarray(data.test_images[: config.probe_images])
     probe_y = jnp.asarray(data.test_labels[: config.probe_images])
     drift_x = vt.normalise(probe_x[: config.drift_images], mean, std)
-    has_mask = method.mask_mode != "none"
-    window = jnp.asarray(vt.mask_pattern(batch.task, "oracle"), jnp.float32)
+    window = jnp.asarray(vt.mask_pattern(task, "oracle"), jnp.float32)
 
     def probe(initial, state) -> dict[str, jax.Array]:
         variables = variables_of(state.params, state.constants)
@@ -282,22 +241,36 @@ def run_group(
             "attention_drift": runs.attention_drift(model, start, variables, drift_x),
             "attention_outside_window": probes.outside_mass(runs.sown(model, variables, drift_x, "attention"), window),
         }
-        if has_mask:
+        if method.mask_mode != "none":
             out |= probes.mask_persistence(
                 runs.mask_logits_of(model, method, start),
                 runs.mask_logits_of(model, method, variables),
             )
         return out
 
-    started = time.time()
-    label = f"{data.name} {fraction:g} {method.name}"
-    trained = train_group(
-        batch, label, log, checkpoints, resume, probe=probe, data_per_run=batch.data_per_run, augment=batch.augment
+    train_config = config.train_config(len(subsets[0]))
+    inputs = TrainInputs(
+        init_run, loss, runs.seed_keys(seeds), (run_masks,), train_data, train_config, per_run, augment, probe
     )
+    return VisionInputs(inputs, task, model, np.asarray(target), mean, std, drift_x)
+
+
+def record_group(
+    group: VisionGroup,
+    seeds: Sequence[int],
+    config: VisionConfig,
+    built: VisionInputs,
+    trained: Trained,
+    started: float,
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """One record per seed of a trained (dataset, fraction, method) group and, for the plots, seed 0's masks
+    [layers, heads, N, N] at init and after training and its attention on the first test image."""
+    data, fraction, method = group
+    model, mean, std = built.model, built.mean, built.std
     initial, final, curves, curve_steps = trained.initial, trained.final, trained.probes, trained.probe_steps
     test_acc, test_loss = evaluate(model, final, data, mean, std, config.eval_batch)
-    pattern_error = runs.layer0_pattern_error(model, initial, drift_x, batch.target)
-    outcomes = runs.outcome_fields(trained, train_config, time.time() - started, ~np.isfinite(test_loss))
+    pattern_error = runs.layer0_pattern_error(model, initial, built.drift_images, built.target)
+    outcomes = runs.outcome_fields(trained, built.inputs.train_config, time.time() - started, ~np.isfinite(test_loss))
     records = []
     for i, seed in enumerate(seeds):
         diverged = outcomes[i]["diverged"]
@@ -307,7 +280,7 @@ def run_group(
                 "train_fraction": fraction,
                 "method": method.name,
                 "seed": int(seed),
-                "n_train": int(n_train),
+                "n_train": int(built.inputs.n_train),
                 "test_acc": None if diverged else float(test_acc[i]),
                 "test_loss": None if diverged else float(test_loss[i]),
                 "pattern_error_init": pattern_error[i],
@@ -320,36 +293,25 @@ def run_group(
     start, end = (jax.tree.map(lambda a: a[0], s) for s in (initial, final))
     start_vars, end_vars = variables_of(start.params, start.constants), variables_of(end.params, end.constants)
     plots = {"attention": to_host(runs.sown(model, end_vars, first, "attention"))[:, 0]}
-    if has_mask:
+    if method.mask_mode != "none":
         plots["mask_init"] = to_host(runs.mask_logits_of(model, method, start_vars))
         plots["mask_final"] = to_host(runs.mask_logits_of(model, method, end_vars))
     return records, plots
 
 
 def evaluate(model: ViT, state, data: ImageData, mean, std, eval_batch: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs]). The test split is an
-    argument of the compiled program, not a constant inside it (at CIFAR or ImageNet-100 size a constant
-    slows the compile and bloats the compilation cache)."""
-    n = len(data.test_labels)
-    (images, labels), weights = runs.eval_chunks([data.test_images, data.test_labels], eval_batch)
+    """Per run, accuracy and mean cross-entropy on the whole test split: ([runs], [runs])."""
 
-    @jax.jit
-    @functools.partial(jax.vmap, in_axes=(0, 0, None, None, None))
-    def one_run(params, constants, images, labels, weights):
-        variables = variables_of(params, constants)
+    def score(variables, batch, filler):
+        images, labels = batch
+        logits = model.apply(variables, vt.normalise(images, mean, std))
+        correct = logits.argmax(-1) == labels
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+        return (correct.sum(), loss.sum()) if filler is None else ((correct * filler).sum(), (loss * filler).sum())
 
-        def chunk(batch):
-            x, y, w = batch
-            logits = model.apply(variables, vt.normalise(x, mean, std))
-            correct = logits.argmax(-1) == y
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-            return (correct.sum(), loss.sum()) if w is None else ((correct * w).sum(), (loss * w).sum())
-
-        correct, total = jax.lax.map(chunk, (images, labels, weights))
-        return correct.sum() / n, total.sum() / n
-
-    acc, loss = one_run(state.params, state.constants, images, labels, weights)
-    return to_host(acc), to_host(loss)
+    correct, total = runs.evaluate_runs(score, state, [data.test_images, data.test_labels], eval_batch)
+    n = np.float32(len(data.test_labels))
+    return correct.astype(np.float32) / n, total / n
 
 
 LADDER_MARGIN = 0.03  # vanilla must beat the softmax regression on the same images by 3 points
@@ -436,17 +398,37 @@ class VisionStudy(Study):
         data = images.load(scope.dataset, scope.data_dir, scope.image_size)
         return VisionData(data, make_task(data, config))
 
-    def groups(self, plan: Plan) -> list[Group]:
-        name = plan.data.images.name
+    def sample_data(self, config: VisionConfig, scope: VisionScope) -> VisionData:
+        """Random images of the dataset's shapes (Fashion-MNIST's 60,000 of 28 x 28 x 1; CIFAR-10's
+        50,000 of 32 x 32 x 3 at the paper preset)."""
+        shape, n_train = ((28, 28, 1), 60_000) if config.preset != "paper" else ((32, 32, 3), 50_000)
+        rng = np.random.default_rng(0)
+        data = ImageData(
+            "fashion_mnist" if shape[-1] == 1 else "cifar10",
+            rng.integers(0, 256, (n_train, *shape), dtype=np.uint8),
+            rng.integers(0, 10, n_train).astype(np.int32),
+            rng.integers(0, 256, (16, *shape), dtype=np.uint8),
+            rng.integers(0, 10, 16).astype(np.int32),
+            10,
+        )
+        return VisionData(data, make_task(data, config))
+
+    def groups(self, plan: Plan) -> list[Group[VisionGroup]]:
+        data = plan.data.images
         return [
-            Group({"dataset": name, "train_fraction": fraction, "method": method.name}, (fraction, method))
+            Group(
+                {"dataset": data.name, "train_fraction": fraction, "method": method.name},
+                VisionGroup(data, fraction, method),
+            )
             for fraction in plan.scope.train_fractions
             for method in plan.methods
         ]
 
-    def train(self, plan: Plan, group: Group, log, checkpoints, resume: bool):
-        fraction, method = group.items
-        return run_group(plan.data.images, method, fraction, plan.seeds, plan.config, log, checkpoints, resume)
+    def build(self, config: VisionConfig, spec: VisionGroup, seeds: Sequence[int]) -> VisionInputs:
+        return make_group(spec, seeds, config)
+
+    def record(self, config, spec: VisionGroup, seeds, built: VisionInputs, trained: Trained, started: float):
+        return record_group(spec, seeds, config, built, trained, started)
 
     def summary(self, plan: Plan, records: list[dict], reference: list[dict]) -> tuple[str, str]:
         table = tables.summary_table(records, KEYS, GROUPS)
@@ -465,11 +447,13 @@ class VisionStudy(Study):
             plots.plot_step_curves(done, plan.out / f"curves_{name}.png", CURVE_KEYS)
             plots.plot_drift(done, plan.out / f"persistence_{name}.png", PERSISTENCE_KEYS)
             # A folder written before maps were kept has none for its older groups; those are left out.
-            ours = {m: a for m in dict.fromkeys(r["method"] for r in done) if (a := maps(f"{name}_{m}")) is not None}
+            methods = dict.fromkeys(r["method"] for r in done)
+            fields = {"dataset": data.name, "train_fraction": fraction}
+            ours = {m: a for m in methods if (a := maps({**fields, "method": m})) is not None}
             plot_attention(task, data.test_images[0], ours, plan.out / f"attention_{name}.png")
             for method, arrays in ours.items():
                 if "mask_final" in arrays:
                     plot_masks(task, arrays, plan.out / f"mask_{name}_{method}.png")
 
 
-STUDY = VisionStudy()
+STUDY = register(VisionStudy())

@@ -1,0 +1,145 @@
+"""The optimizer of every run: its config, the optax chain it builds, its learning-rate schedule and what
+weight decay alone does to a parameter over a run."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from maskjax.errors import ConfigError
+from maskjax.overrides import option
+
+PyTree = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """optimizer: "adam" (Adam with L2 decay added to the gradient, the paper's and torch's
+    Adam(weight_decay)), "adamw" (decoupled decay) or "sgd" (momentum 0.9, L2 added to the gradient as
+    torch's SGD(weight_decay)); schedule: "constant" or "cosine" (decay to 0 over `steps`, after a linear
+    warmup from 0 over `warmup_steps`). clip_norm clips the gradient's global norm first when set.
+    mask_weight_decay: the decay of every parameter named `mask_logits`; None decays them like the rest."""
+
+    steps: int
+    batch_size: int = 256
+    learning_rate: float = 1e-5
+    weight_decay: float = 1e-3
+    chunk_steps: int = 200
+    optimizer: str = "adam"
+    schedule: str = "constant"
+    mask_weight_decay: float | None = None
+    warmup_steps: int = 0
+    clip_norm: float | None = None
+
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """The optimizer fields every study's config shares (a study's config subclasses it and may redeclare a
+    field to change its default); `train_config` turns them into a run's TrainConfig."""
+
+    weight_decay: float = option(1e-3, minimum=0, help="weight decay")
+    optimizer: str = option(
+        "adamw",
+        choices=OPTIMIZERS,
+        help="adam: Adam with L2 decay added to the gradient (the paper's Boolean runs); adamw: decoupled decay; "
+        "sgd: momentum 0.9 with L2 decay (give it its own learning rate)",
+    )
+    mask_weight_decay: float | None = option(
+        None, minimum=0, help="weight decay of the mask logits (default: every parameter's); 0 exempts them"
+    )
+    chunk_steps: int = option(200, help="steps per compiled chunk (probes and checkpoints fall between chunks)")
+    qk_opt_steps: int = option(10_000, minimum=0, help="Adam steps that fit the optimised QK prior")
+
+    def optimizer_config(self, steps: int, batch_size: int, learning_rate: float, **options: Any) -> TrainConfig:
+        """The TrainConfig of `steps` steps of `batch_size` at `learning_rate`; options: schedule, warmup_steps,
+        clip_norm."""
+        return TrainConfig(
+            steps,
+            batch_size,
+            learning_rate,
+            self.weight_decay,
+            self.chunk_steps,
+            optimizer=self.optimizer,
+            mask_weight_decay=self.mask_weight_decay,
+            **options,
+        )
+
+
+SGD_MOMENTUM = 0.9
+
+
+def is_mask_logits(path: tuple) -> bool:
+    """Whether a parameter's key path names an attention mask's logits."""
+    return any(getattr(key, "key", None) == "mask_logits" for key in path)
+
+
+def weight_decay(config: TrainConfig) -> optax.GradientTransformation:
+    """Adds decay x params to the updates; the mask logits take `mask_weight_decay` when it is set."""
+    if config.mask_weight_decay is None or config.mask_weight_decay == config.weight_decay:
+        return optax.add_decayed_weights(config.weight_decay)
+
+    def where(wanted: bool) -> Callable[[PyTree], PyTree]:
+        return lambda params: jax.tree_util.tree_map_with_path(lambda p, _: is_mask_logits(p) == wanted, params)
+
+    return optax.chain(
+        optax.add_decayed_weights(config.weight_decay, mask=where(False)),
+        optax.add_decayed_weights(config.mask_weight_decay, mask=where(True)),
+    )
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """The config's optimizer, weight decay, learning-rate schedule and gradient clipping."""
+    optimizer = _optimizer(config)
+    if config.clip_norm is None:
+        return optimizer
+    return optax.chain(optax.clip_by_global_norm(config.clip_norm), optimizer)
+
+
+def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
+    """The config's learning rate: a constant, or optax's cosine schedule (after a linear warmup)."""
+    if config.schedule == "constant":
+        return config.learning_rate
+    if config.schedule == "cosine" and config.warmup_steps:
+        return optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, config.warmup_steps, max(1, config.steps))
+    if config.schedule == "cosine":
+        return optax.cosine_decay_schedule(config.learning_rate, max(1, config.steps))
+    raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+
+
+def decay_only_fraction(config: TrainConfig) -> float | None:
+    """The share of a mask logit that weight decay alone removes over a run: 1 - prod_t (1 - lr_t * wd).
+
+    Why: AdamW's decay is decoupled, so with a zero gradient a logit m becomes m * prod_t (1 - lr_t * wd);
+    a mask's measured movement is read beside this, the rest being what the gradient did. None for Adam
+    with L2 and SGD, whose decay passes through the normalised or momentum step (no closed form)."""
+    if config.optimizer != "adamw":
+        return None
+    decay = config.weight_decay if config.mask_weight_decay is None else config.mask_weight_decay
+    rate = learning_rate(config)
+    rates = np.asarray(rate(jnp.arange(config.steps)) if callable(rate) else np.full(config.steps, rate), np.float64)
+    return float(1.0 - np.prod(1.0 - rates * decay))
+
+
+def _optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    rate = learning_rate(config)
+    if config.mask_weight_decay is not None and not config.mask_weight_decay >= 0:
+        raise ConfigError(f"mask weight decay must be >= 0, got {config.mask_weight_decay}")
+    if config.optimizer == "adam":
+        return optax.chain(weight_decay(config), optax.adam(rate))
+    if config.optimizer == "sgd":
+        return optax.chain(weight_decay(config), optax.sgd(rate, momentum=SGD_MOMENTUM))
+    if config.optimizer == "adamw":
+        if config.mask_weight_decay is None:
+            return optax.adamw(rate, weight_decay=config.weight_decay)
+        # optax.adamw's own chain, with the decay split between the mask logits and the rest.
+        return optax.chain(optax.scale_by_adam(), weight_decay(config), optax.scale_by_learning_rate(rate))
+    raise ConfigError(f"unknown optimizer {config.optimizer!r}; known: {', '.join(OPTIMIZERS)}")
