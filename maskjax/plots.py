@@ -182,3 +182,24 @@ def save_figure(fig, path: Path) -> None:
         publish(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def plot_effects(effects: Sequence[dict], path: Path) -> None:
+    """One panel per family: each effect's mean paired difference with its 95% interval, zero marked; a
+    family's panel has its own units (points of accuracy, or bits per byte)."""
+    families = list(dict.fromkeys(e["family"] for e in effects))
+    tallest = max(sum(e["family"] == family for e in effects) for family in families)
+    fig, axes = figure(len(families), 1, 7.0, 0.55 * tallest + 1.0)
+    for family, ax in zip(families, axes[:, 0], strict=True):
+        rows = [e for e in effects if e["family"] == family]
+        y = np.arange(len(rows))[::-1]
+        means = np.asarray([e["mean"] for e in rows])
+        errors = np.asarray([[e["mean"] - e["low"] for e in rows], [e["high"] - e["mean"] for e in rows]])
+        ax.errorbar(means, y, xerr=errors, fmt="o", capsize=3)
+        ax.axvline(0.0, color="grey", lw=0.8)
+        ax.set_yticks(y, [f"{e['label']} ({e['wins']}/{e['seeds']}, p = {e['p']:.3g})" for e in rows], fontsize=8)
+        ax.set_ylim(-0.5, tallest - 0.5)
+        ax.set_title(family, fontsize=9)
+        ax.set_xlabel("difference (95% interval): " + ", ".join(dict.fromkeys(e["unit"] for e in rows)))
+    fig.tight_layout()
+    save_figure(fig, path)

@@ -6,7 +6,9 @@ page character by character; any other table must say on the line above why it i
 that a table shows (its own, or another page's generated tables, rounded to the quote's decimals).
 Exit 0 when every page agrees, 1 with a diff of each that does not; `--write` rewrites the generated
 tables instead (atomically), and never touches prose. Run without pages, it also checks the ledger
-(docs/claims.md) and README: every decimal number they quote must be on a results page.
+(docs/claims.md) and README: every decimal number they quote must be on a results page, README's results
+table must be the ledger's "At a glance" table, and each effect the ledger names must come from records
+(`--write` copies the table into README and draws the effects, docs/claims.png).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from maskjax import pages, store
+from maskjax import pages, plots, store
 from maskjax.cli import scale
 from maskjax.cli.driver import Parser, UserError, run_main
 
@@ -27,6 +29,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 ROOT = CHECKOUT if (CHECKOUT / "docs" / "results").is_dir() else Path.cwd()
 RESULTS = ROOT / "docs" / "results"
 LEDGERS = (ROOT / "docs" / "claims.md", ROOT / "README.md")
+EFFECTS_FIGURE = ROOT / "docs" / "claims.png"
 
 
 def audit_page(path: Path, text: str, elsewhere: set[str], write: bool) -> list[str]:
@@ -74,18 +77,20 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"ok   {path}: {tables} generated table{'s' if tables != 1 else ''}")
     if not args.pages:
-        failed += audit_ledgers(texts.values())
+        failed += audit_ledgers(texts.values(), args.write)
     if failed:
         print(f"{failed} pages disagree with their records", file=sys.stderr)
         return 1
     return 0
 
 
-def audit_ledgers(texts: Iterable[str]) -> int:
+def audit_ledgers(texts: Iterable[str], write: bool = False) -> int:
     """claims.md and README quote the results pages (`texts`): each decimal number they quote, in text or in
-    their own tables, must be one a results page's table shows (or explains as not from records)."""
+    their own tables, must be one a results page's table shows (or explains as not from records); README's
+    glance table must be the ledger's, and every effect the ledger names must come from its records. With
+    write, README's glance table is rewritten and the effects figure (docs/claims.png) drawn."""
     shown = set().union(*(pages.table_numbers(t) | pages.explained_numbers(t) for t in texts))
-    failed = 0
+    failed = audit_glance(write)
     for path in LEDGERS:
         unshown = [n for n in pages.ledger_numbers(path.read_text()) if not pages.is_shown(n, shown)]
         if unshown:
@@ -94,6 +99,23 @@ def audit_ledgers(texts: Iterable[str]) -> int:
         else:
             print(f"ok   {path}: every quoted number is on a results page")
     return failed
+
+
+def audit_glance(write: bool) -> int:
+    """README's glance table against the ledger's, and the ledger's effects against their records."""
+    ledger, readme_path = LEDGERS[0].read_text(), LEDGERS[1]
+    readme = readme_path.read_text()
+    fresh = pages.with_glance(readme, ledger)
+    effects = pages.ledger_effects(ledger, RESULTS)
+    if write:
+        if fresh != readme:
+            store.write_atomic(readme_path, fresh)
+        plots.plot_effects(effects, EFFECTS_FIGURE)
+    elif fresh != readme:
+        print(f"FAIL {readme_path}: its glance table differs from {LEDGERS[0]}'s (run with --write)")
+        return 1
+    print(f"ok   {readme_path}: the glance table is the ledger's; {len(effects)} effects from their records")
+    return 0
 
 
 if __name__ == "__main__":
