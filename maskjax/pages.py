@@ -288,7 +288,6 @@ def unexplained_tables(text: str) -> list[int]:
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d+\.\d+(?:e[-+]?\d+)?(?![\w.]*\d)")
 ARXIV_ID = re.compile(r"\b\d{4}\.\d{5}\b")
-_CODE = re.compile(r"`[^`]*`")
 
 
 def numbers_in(text: str) -> list[str]:
@@ -296,26 +295,9 @@ def numbers_in(text: str) -> list[str]:
     return [m.group().lstrip("+") for m in NUMBER.finditer(text)]
 
 
-def quoted_numbers(line: str) -> list[str]:
-    """The decimal numbers a line quotes: not inside code spans, and not an arXiv id."""
-    return numbers_in(ARXIV_ID.sub("", _CODE.sub("", line)))
-
-
 def table_numbers(text: str) -> set[str]:
     """Every decimal number a table on the page shows (any table row, generated or not)."""
     return {n for line in text.splitlines() if line.startswith("|") for n in numbers_in(line)}
-
-
-def prose_numbers(text: str) -> list[str]:
-    """Decimal numbers quoted in the page's sentences: not in tables, code blocks, code spans or comments."""
-    found, fenced = [], False
-    for line in re.sub(r"<!--.*?-->", "", text, flags=re.S).splitlines():
-        if line.startswith("```"):
-            fenced = not fenced
-        if fenced or line.startswith(("|", "    ", "```", "#")):
-            continue
-        found.extend(quoted_numbers(line))
-    return found
 
 
 def is_shown(number: str, numbers: set[str]) -> bool:
@@ -330,31 +312,10 @@ def is_shown(number: str, numbers: set[str]) -> bool:
     return any(f"{float(v):{style}}" == quoted for v in numbers)
 
 
-def unshown_quotes(text: str, elsewhere: set[str] = frozenset()) -> list[str]:
-    """The decimal numbers a page quotes in its text but no table shows: neither its own (generated, or
-    explained as not from records, such as the paper's numbers), nor a not-from-records comment, nor
-    (`elsewhere`) another page's generated tables. The check matches digits: it proves a quote is shown
-    somewhere, not where it came from."""
-    shown = table_numbers(text) | explained_numbers(text) | set(elsewhere)
-    return [n for n in prose_numbers(text) if not is_shown(n, shown)]
-
-
 def explained_numbers(text: str) -> set[str]:
     """Numbers a page lists in a `<!-- not from records: why, numbers -->` comment: quotes of what no record
     holds (corpus sizes, a timing the text gives with its command), each exception written down."""
     return {n for comment in HAND.findall(text) for n in numbers_in(comment)}
-
-
-def ledger_numbers(text: str) -> list[str]:
-    """Every decimal number a ledger page (claims.md, README) quotes, in its text and in its own tables:
-    its tables are quotes of the results pages, not results."""
-    cells = [n for line in text.splitlines() if line.startswith("|") for n in quoted_numbers(line)]
-    return cells + prose_numbers(text)
-
-
-def generated_numbers(text: str) -> set[str]:
-    """The decimal numbers the page's generated tables show."""
-    return set().union(*(table_numbers(m["body"]) for m in BLOCK.finditer(text)))
 
 
 GLANCE_HEADING = "## At a glance"

@@ -67,26 +67,44 @@ def test_a_table_must_be_generated_or_say_why_not(site, capsys):
     assert audit.main([str(site)]) == 0
 
 
-def test_a_page_quotes_only_numbers_a_table_shows(site, capsys):
+def test_a_quote_names_its_table_and_must_equal_a_cell_of_it(site, capsys):
     text = site.read_text()
-    assert audit.main([str(site)]) == 0  # 93.75 is in the table
-    # A quote counts as shown when any results page's tables show it, so the quotes below are ones none shows.
-    shown = set().union(*(pages.generated_numbers(page.read_text()) for page in audit.RESULTS.glob("*.md")))
-    unshown = next(q for q in (f"{n / 10:.1f}" for n in range(901, 999)) if not pages.is_shown(q, shown | {"93.75"}))
-    site.write_text(text.replace("ends at 93.75%", f"ends at {unshown}% (`0.77` in code is not a quote)"))
-    assert audit.main([str(site)]) == 1
+    assert "ends at 93.75<!--#t1-->% on average" in text and "<!-- table summary: id=t1 from=run" in text
+    assert audit.main([str(site)]) == 0
+    site.write_text(text.replace("93.75<!--#t1-->", "94.75<!--#t1-->"))  # the quote edited, its tie kept
+    assert audit.main([str(site)]) == 1 and "94.75 is not in table page#t1" in capsys.readouterr().out
+    site.write_text(text.replace("93.75<!--#t1-->", "93.8<!--#t1-->"))  # the same cell, rounded as quoted
+    assert audit.main([str(site)]) == 0
+    site.write_text(text.replace("93.75<!--#t1-->", "93.75<!--#t9-->"))
+    assert audit.main([str(site)]) == 1 and "names table page#t9, which does not exist" in capsys.readouterr().out
+    site.write_text(text.replace("93.75<!--#t1-->%", "5.123% (`0.77` in code is not a quote)"))
+    assert audit.main([str(site), "--write"]) == 1  # no table shows 5.123: --write cannot tie it
     out = capsys.readouterr().out
-    assert f"quotes numbers no table shows: {unshown}" in out and "0.77" not in out.split("shows:")[1]
-    site.write_text(text.replace("ends at 93.75%", "ends at 93.8%"))  # a shown number, rounded
+    assert "line 3: 5.123 names no table" in out and "0.77" not in out
+    site.write_text(text.replace("93.75<!--#t1-->%", "took 5.123 s\n<!-- not from records: a timing: 5.123 -->"))
     assert audit.main([str(site)]) == 0
-    site.write_text(text.replace("ends at 93.75%", "loses 1.5e-3 (1.50e-3)"))  # train_loss 0.0015, as 1.5e-3
-    assert audit.main([str(site)]) == 0
-    timing = next(t for t in (f"5.{n:03d}" for n in range(200, 1000)) if not pages.is_shown(t, shown))
-    site.write_text(text.replace("ends at 93.75%", f"took {timing} s a step"))
-    assert audit.main([str(site)]) == 1
-    explained = f"took {timing} s a step\n<!-- not from records: a timing: {timing} -->"
-    site.write_text(text.replace("ends at 93.75%", explained))
-    assert audit.main([str(site)]) == 0
+    site.write_text(text.replace("93.75<!--#t1-->%", "loses 1.5e-3"))  # train_loss 0.0015, untied: --write ties it
+    assert audit.main([str(site), "--write"]) == 0 and "loses 1.5e-3<!--#t1-->" in site.read_text()
+
+
+def test_a_quote_goes_stale_when_its_records_change(site, capsys):
+    """A cell changed under a quote: the records move, --write rebuilds the table, the prose still says 93.75."""
+    run = site.parent / "run" / "results.jsonl"
+    run.write_text(run.read_text().replace('"acc_all": 0.875', '"acc_all": 0.625'))
+    assert audit.main([str(site), "--write"]) == 1
+    assert "93.75 is not in table page#t1" in capsys.readouterr().out
+
+
+def test_ties_prefer_the_page_then_the_pages_a_line_links_to():
+    from maskjax import quotes
+
+    tables = {"a": {"t1": {"1.50"}}, "b": {"t1": {"2.50", "3.50"}}, "c": {"t2": {"3.50"}}}
+    text = "x 1.50 and 3.50 ([c](results/c.md)) then 2.50\n| 2.50 |\n"
+    tied = quotes.tie(text, "a", tables, set())
+    assert tied.startswith("x 1.50<!--#t1--> and 3.50<!--c#t2--> ([c](results/c.md)) then 2.50<!--b#t1-->\n| 2.50 |")
+    assert quotes.tie(text, "a", tables, set(), cells=True).endswith("| 2.50<!--b#t1--> |\n")
+    assert quotes.problems(tied, "a", tables, set()) == []
+    assert quotes.problems("range 1.50<!--#t1-->-3.50<!--c#t2-->", "a", tables, set()) == []  # a dash, not a sign
 
 
 @pytest.mark.parametrize(
