@@ -233,6 +233,7 @@ def with_qk_prior(
     opt_steps: int = 10_000,
     position_scale: float = POSITION_SCALE,
     qk_scale: float = 5.0,
+    impulse_position_scale: float = IMPULSE_POSITION_SCALE,
 ) -> dict:
     """Params with every attention module's query / key slices (and, for mimetic and impulse, value /
     output) replaced.
@@ -245,7 +246,8 @@ def with_qk_prior(
     published SVD code rescales its positions too). position_scale = 5 and qk_scale = 5 (the published
     SVD code: 18 and 7) were set so that the layer-0 pattern matches its target at init on real inputs
     (pattern_error_init <= 0.2 on the Boolean tasks at the quick preset; docs/design.md).
-    impulse is the svd construction with the published constants (IMPULSE_*) on each head's shifted
+    impulse is the svd construction with the published constants (IMPULSE_*; its position factor is
+    impulse_position_scale, the published 18 by default) on each head's shifted
     identity (pattern_HNN), and W_V W_O from `shared_value_output`, as its published code does;
     mimetic sets Q_h K_h^T per head (`mimetic_factors`) and W_V W_O from `shared_value_output`.
     """
@@ -260,7 +262,7 @@ def with_qk_prior(
     new = dict(params)
     solved = None
     if kind == "impulse":
-        position_scale, qk_scale = IMPULSE_POSITION_SCALE, IMPULSE_QK_SCALE
+        position_scale, qk_scale = impulse_position_scale, IMPULSE_QK_SCALE
     if kind in ("svd", "opt", "impulse"):
         where = position_path(params)
         positions = position_scale * _get(params, where)

@@ -63,12 +63,36 @@ class GroupSpec:
         return sum(all(r.get(k) == v for k, v in self.fields.items()) for r in records) == self.runs
 
 
-def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
+def same_sweep(held: dict, wanted: dict, defaults: Mapping[str, Any]) -> bool:
+    """Whether a folder's config.json (less its environment) is the wanted sweep: equal, in the nested form or
+    the flat one older folders hold, but for config fields added since the folder was written, which the wanted
+    sweep holds at their `defaults` (so adding a field to a study's config keeps its folders resumable)."""
+    candidates = [wanted, flat_sweep_record(wanted)] if store.is_nested(wanted) else [wanted]
+    for candidate in candidates:
+        config, held_config = store.sweep_config(candidate), store.sweep_config(held)
+        added = {k for k, v in config.items() if k not in held_config and k in defaults and v == defaults[k]}
+        kept = {k: v for k, v in config.items() if k not in added}
+        if held == ({**candidate, "config": kept} if store.is_nested(candidate) else kept):
+            return True
+    return False
+
+
+def field_defaults(config: Any) -> dict[str, Any]:
+    """A config dataclass's fields that have a default, as config.json holds them."""
+    return {
+        f.name: json.loads(json.dumps(jsonable(f.default), default=str))
+        for f in dataclasses.fields(config)
+        if f.default is not dataclasses.MISSING
+    }
+
+
+def prepare_out(out: Path, config: dict, control: RunControl, defaults: Mapping[str, Any] | None = None) -> list[dict]:
     """Check `out` against the config it holds; return the records a resumed run keeps.
 
     A folder with results of another config is refused unless overwrite, and so is one with results of
     this config unless resume or overwrite: a repeated command never replaces results silently. resume
-    needs a folder written by the same config. `config` excludes the environment (commit, devices).
+    needs a folder written by the same config (`same_sweep`; defaults: the config fields' defaults).
+    `config` excludes the environment (commit, devices).
     """
     out = store.ensure_writable_dir(out)
     config_path, results_path = out / "config.json", out / "results.jsonl"
@@ -79,8 +103,7 @@ def prepare_out(out: Path, config: dict, control: RunControl) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             raise SweepError(f"{config_path} is unreadable; pass --overwrite to start afresh") from None
     wanted = json.loads(json.dumps(config, default=str))
-    older = [flat_sweep_record(wanted)] if store.is_nested(wanted) else []
-    same = held is not None and held in [wanted, *older]
+    same = held is not None and same_sweep(held, wanted, defaults or {})
     if control.resume and control.overwrite:
         raise SweepError("--resume and --overwrite exclude each other")
     if control.resume:
@@ -130,14 +153,16 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def open_sweep(out: Path, config: dict, control: RunControl) -> tuple[list[dict], dict]:
+def open_sweep(
+    out: Path, config: dict, control: RunControl, defaults: Mapping[str, Any] | None = None
+) -> tuple[list[dict], dict]:
     """Prepare `out`; return (records kept from a resumed run, the metadata every new record carries:
     config, git commit, JAX version, devices).
 
     config.json keeps the environment the sweep was first opened in: a resume (which may only redraw
     the figures) leaves it alone, since each record carries the environment it ran in.
     """
-    records = prepare_out(out, config, control)
+    records = prepare_out(out, config, control, defaults)
     env = store.environment()
     if not control.resume:
         store.write_atomic(out / "config.json", json.dumps({**config, "environment": env}, indent=2) + "\n")
@@ -164,6 +189,7 @@ def run_sweep(
     log: Log,
     plot: Callable[[list[dict]], None] | None = None,
     plot_every: float = PLOT_EVERY_SECONDS,
+    defaults: Mapping[str, Any] | None = None,
 ) -> list[dict]:
     """Train every group not yet in out/results.jsonl, in order; after each, append its records (with the
     sweep's metadata) and call write(out, records). Returns all records.
@@ -171,9 +197,10 @@ def run_sweep(
     plot(records) draws every figure from the records so far: after a group when the last drawing is at
     least plot_every seconds old (so a long sweep's figures stay current while short groups do not
     spend their time drawing), and at the end unless the last group was just drawn, which also redraws a
-    resumed folder with this code.
+    resumed folder with this code. defaults: the config fields' defaults, by which a folder written before a
+    field was added still resumes (`same_sweep`).
     """
-    records, meta = open_sweep(out, config, control)
+    records, meta = open_sweep(out, config, control, defaults)
     plot = plot if jax.process_index() == 0 else None  # figures are files: process 0 draws them
     last_plot, drawn = time.monotonic(), None
     for k, spec in enumerate(groups, 1):
@@ -319,5 +346,6 @@ def run(
         control,
         log,
         lambda records: study.plot(plan, records, reference, maps),
+        defaults=field_defaults(config),
     )
     return Result(out, records, reference, write(out, records))

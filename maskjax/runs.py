@@ -51,6 +51,7 @@ def prior_init(
     target_HNN: jax.Array,
     qk_opt_steps: int,
     position_scale: float = qk_priors.POSITION_SCALE,
+    impulse_position_scale: float = qk_priors.IMPULSE_POSITION_SCALE,
 ) -> InitRun:
     """init_run(key, *mask_logits) for `train`: build(*mask_logits) initialised on `sample` from the run's
     key itself (so adding a method never changes the others), then the method's QK prior put into
@@ -66,6 +67,7 @@ def prior_init(
             target_HNN,
             opt_steps=qk_opt_steps,
             position_scale=position_scale,
+            impulse_position_scale=impulse_position_scale,
         )
         return params, variables.get("constants", {})
 

@@ -103,3 +103,32 @@ def test_a_bug_while_restoring_keeps_its_traceback(tmp_path, monkeypatch):
     monkeypatch.setattr(SweepCheckpoints, "_check_fits", bug)
     with pytest.raises(TypeError, match="a bug"):
         checkpoints.restore_latest(state)
+
+
+def test_a_folder_written_before_a_config_field_existed_resumes_at_its_default(tmp_path):
+    """Adding a field to a study's config keeps its folders resumable while the field is at its default."""
+    import dataclasses
+
+    from maskjax.runner import RunControl, run
+    from maskjax.studies import boolean
+
+    out = tmp_path / "o"
+    first = run(boolean.STUDY, "test", out, methods=["vanilla"], seeds=[0], log=lambda m: None)
+    held = json.loads((out / "config.json").read_text())
+    del held["config"]["row_policy"]  # as a folder written before the field was added holds it
+    (out / "config.json").write_text(json.dumps(held))
+    again = run(boolean.STUDY, "test", out, methods=["vanilla"], seeds=[0], control=RunControl(resume=True))
+    assert again.records == first.records
+    other = dataclasses.replace(boolean.STUDY.preset("test"), row_policy="members")
+    with pytest.raises(runner.SweepError, match="holds a run of a different config"):
+        run(boolean.STUDY, other, out, methods=["vanilla"], seeds=[0], control=RunControl(resume=True))
+
+
+def test_same_sweep_in_the_nested_and_the_flat_form():
+    wanted = {"study": "s", "methods": ["m"], "seeds": [0], "scope": {}, "config": {"a": 1, "new": 2}, "derived": {}}
+    nested_old = {**wanted, "config": {"a": 1}}
+    flat_old = {"study": "s", "methods": ["m"], "seeds": [0], "a": 1}
+    for held in (nested_old, flat_old):
+        assert runner.same_sweep(held, wanted, {"new": 2}) and not runner.same_sweep(held, wanted, {"new": 3})
+        assert not runner.same_sweep(held, wanted, {})
+    assert runner.same_sweep(wanted, wanted, {})

@@ -338,3 +338,21 @@ def test_the_medium_preset_is_the_rung_the_ladder_passed():
     ran = json.loads((Path(__file__).parent.parent / "docs/results/vision_ladder/v64d4p7e30/config.json").read_text())
     medium = dataclasses.asdict(study.STUDY.preset("medium"))
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
+
+
+def test_impulse_position_scale_multiplies_the_positions_its_prior_is_built_on(tiny_fashion):
+    """Issue 44's sensitivity check: impulse at position scale 1 as well as the published 18."""
+    data = images.load("fashion_mnist", tiny_fashion)
+    config, key = study.STUDY.preset("test"), jax.random.key(2)
+
+    def init(method: str, **fields) -> dict:
+        inputs = study.make_group(
+            study.VisionGroup(data, 1.0, get_method(method)), [0], dataclasses.replace(config, **fields)
+        ).inputs
+        return inputs.init_run(key, *(a[0] for a in inputs.run_inputs))[0]
+
+    plain = init("vanilla")
+    for scale in (1.0, 18.0):
+        params = init("impulse", impulse_position_scale=scale)
+        np.testing.assert_allclose(params["pos_embed"], scale * plain["pos_embed"], rtol=1e-6)
+    assert config.impulse_position_scale == 18.0

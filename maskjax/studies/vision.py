@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from maskjax import mask_patterns, plots, probes, runs, tables
+from maskjax import mask_patterns, plots, probes, qk_priors, runs, tables
 from maskjax.data import images
 from maskjax.data.images import ImageData
 from maskjax.errors import ConfigError
@@ -60,6 +60,11 @@ class VisionConfig(OptimizerConfig):
     eval_batch: int = option(1000, help="test images scored at once")
     probe_images: int = option(512, help="test images of the per-chunk accuracy probe")
     drift_images: int = option(16, help="test images of the attention-drift probe")
+    impulse_position_scale: float = option(
+        qk_priors.IMPULSE_POSITION_SCALE,
+        above=0,
+        help="factor on the position embeddings under impulse init (the published 18)",
+    )
 
     def train_config(self, n_train: int) -> TrainConfig:
         batch = min(self.batch_size, n_train)
@@ -215,6 +220,7 @@ def make_group(group: VisionGroup, seeds: Sequence[int], config: VisionConfig) -
         jnp.asarray(pattern, jnp.float32),
         jnp.asarray(target, jnp.float32),
         config.qk_opt_steps,
+        impulse_position_scale=config.impulse_position_scale,
     )
 
     def loss(params, constants, batch):
