@@ -8,6 +8,7 @@ bias into Flax's own attention modules instead.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -22,9 +23,10 @@ from maskjax.errors import ConfigError
 MaskMode = Literal["none", "learnable", "fixed"]
 MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 # "fused": jax.nn.dot_product_attention with the mask as its bias (a fused kernel where the backend has
-# one); "einsum": the explicit softmax the probes read; "auto": fused off CPU, einsum on CPU, so the
-# CPU results in docs/ stay bit for bit reproducible. Sown weights always take the einsum path.
-AttentionImpl = Literal["auto", "einsum", "fused"]
+# one); "einsum": the explicit softmax the probes read; "manual": `vjp_attention`, whose backward pass is
+# written out (issue 48; opt-in until benchmarks.step measures it faster); "auto": fused off CPU, einsum on
+# CPU, so the CPU results in docs/ stay bit for bit reproducible. Sown weights always take the einsum path.
+AttentionImpl = Literal["auto", "einsum", "fused", "manual"]
 # "full": one logit per (head, query, key); "toeplitz": one per (head, offset i - j), as T5 and ALiBi
 # parameterise relative position, expanded by `toeplitz_logits` (for causal attention).
 MaskStructure = Literal["full", "toeplitz"]
@@ -241,6 +243,71 @@ def fused_attention(
     return out.reshape((*lead, *out.shape[1:]))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def vjp_attention(
+    q_BHQD: jax.Array, k_BHKD: jax.Array, v_BHKD: jax.Array, bias_HQK: jax.Array | None, causal: bool
+) -> jax.Array:
+    """softmax(q.k / sqrt(d) + bias) @ v in the [batch, heads, length, head_dim] layout, with a backward pass
+    written out (issue 48): it keeps the forward's probabilities and computes dV, dP, dS, dQ, dK and the bias's
+    gradient (dS summed over the batch) as plain contractions, instead of what autodiff derives. Equal to
+    autodiff of `masked_attention` to float rounding (tests/test_attention.py, float64). bias: [heads, q, k]
+    shared by the batch (the mask's log_sigmoid and any fixed bias), or None."""
+    return _vjp_forward(q_BHQD, k_BHKD, v_BHKD, bias_HQK, causal)[0]
+
+
+def _vjp_forward(q, k, v, bias, causal):
+    dtype = jnp.promote_types(jnp.result_type(q.dtype, k.dtype), jnp.float32)
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=dtype) * scale
+    if bias is not None:
+        logits = logits + bias.astype(dtype)
+    visible = causal_visible(*logits.shape[-2:]) if causal else None
+    p = jax.nn.softmax(logits, axis=-1, where=visible)
+    out = jnp.einsum("bhqk,bhkd->bhqd", p.astype(v.dtype), v, preferred_element_type=jnp.promote_types(v.dtype, dtype))
+    return out.astype(q.dtype), (q, k, v, p, bias)
+
+
+def _vjp_backward(causal, residuals, g_BHQD):
+    q, k, v, p, bias = residuals
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    g = g_BHQD.astype(p.dtype)
+    dv = jnp.einsum("bhqk,bhqd->bhkd", p, g).astype(v.dtype)
+    dp = jnp.einsum("bhqd,bhkd->bhqk", g, v.astype(p.dtype))
+    ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))  # masked keys have p = 0, so ds = 0 there
+    dq = (jnp.einsum("bhqk,bhkd->bhqd", ds, k.astype(p.dtype)) * scale).astype(q.dtype)
+    dk = (jnp.einsum("bhqk,bhqd->bhkd", ds, q.astype(p.dtype)) * scale).astype(k.dtype)
+    return dq, dk, dv, None if bias is None else ds.sum(0).astype(bias.dtype)
+
+
+vjp_attention.defvjp(_vjp_forward, _vjp_backward)
+
+
+def manual_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask_logits: jax.Array | None = None,
+    *,
+    mask_scale: float | jax.Array = 1.0,
+    causal: bool = False,
+    bias: jax.Array | None = None,
+) -> jax.Array:
+    """`masked_attention` through `vjp_attention` (the hand-written backward): q, k, v in the Flax layout
+    [batch..., length, heads, head_dim]; the mask's log_sigmoid plus any fixed `bias` (broadcastable to
+    [heads, q_len, kv_len]) enter as one bias, and autodiff carries its gradient on to M (through the Toeplitz
+    gather for a relative mask)."""
+    lead, (q_len, heads, head_dim) = q.shape[:-3], q.shape[-3:]
+    kv_len, dtype = k.shape[-3], jnp.promote_types(q.dtype, jnp.float32)
+    total = None if bias is None else jnp.broadcast_to(jnp.asarray(bias, dtype), (heads, q_len, kv_len))
+    if mask_logits is not None:
+        check_mask_logits(mask_logits, heads, q_len, kv_len)
+        masked = jnp.broadcast_to(mask_bias(mask_logits, mask_scale, dtype), (heads, q_len, kv_len))
+        total = masked if total is None else total + masked
+    q4, k4, v4 = (jnp.swapaxes(a.reshape((-1, *a.shape[-3:])), 1, 2) for a in (q, k, v))
+    out = vjp_attention(q4, k4, v4, total, causal)
+    return jnp.swapaxes(out, 1, 2).reshape((*lead, q_len, heads, head_dim))
+
+
 def causal_visible(q_len: int, kv_len: int) -> jax.Array:
     """[q_len, kv_len] Boolean of the keys each query sees: query i at key position kv_len - q_len + i. More
     queries than keys are refused: the first would see no key."""
@@ -383,12 +450,18 @@ def split_qkv(qkv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return q, k, v
 
 
-def use_fused(attention_impl: AttentionImpl, sowing: bool) -> bool:
-    if attention_impl not in ("auto", "einsum", "fused"):
-        raise ConfigError(f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum' or 'fused'")
+def attention_path(attention_impl: AttentionImpl, sowing: bool) -> Callable | None:
+    """The function a module's attention runs through (`fused_attention`, `manual_attention`), or None for the
+    einsum path the sown weights need."""
+    if attention_impl not in ("auto", "einsum", "fused", "manual"):
+        raise ConfigError(
+            f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum', 'fused' or 'manual'"
+        )
     if sowing or attention_impl == "einsum":
-        return False
-    return attention_impl == "fused" or jax.default_backend() != "cpu"
+        return None
+    if attention_impl == "manual":
+        return manual_attention
+    return fused_attention if attention_impl == "fused" or jax.default_backend() != "cpu" else None
 
 
 # Matches torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as in the GOTU reference code.
@@ -448,8 +521,9 @@ class MaskedSelfAttention(nn.Module):
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
         shape = causal_mask_shape(self.mask_structure, self.heads, length, self.causal)
         mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
-        if use_fused(self.attention_impl, self.is_mutable_collection("intermediates")):
-            out = fused_attention(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
+        path = attention_path(self.attention_impl, self.is_mutable_collection("intermediates"))
+        if path is not None:
+            out = path(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
             logits_BHQK = qk_logits(q, k)
             self.sow("intermediates", "qk_logits", logits_BHQK)
@@ -519,8 +593,9 @@ class NNXMaskedSelfAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])
-        if use_fused(self.attention_impl, sow_weights):
-            out = fused_attention(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
+        path = attention_path(self.attention_impl, sow_weights)
+        if path is not None:
+            out = path(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
             logits_BHQK = qk_logits(q, k)
             biased_BHQK = logits_BHQK if bias is None else logits_BHQK + jnp.asarray(bias, logits_BHQK.dtype)

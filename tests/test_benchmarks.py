@@ -26,7 +26,7 @@ def test_train_step_benchmark_refuses_a_bad_dtype(main):
 def test_attention_impl_benchmark_prints_a_ratio_per_length(main):
     result = main("benchmarks.attention_impl", "--lengths=8", "--batch=1", "--heads=2", "--head-dim=4", "--repeats=1")
     assert result.returncode == 0, result.stderr
-    assert "| length | einsum s | fused s | einsum / fused |" in result.stdout
+    assert "| length | einsum s | fused s | manual s | einsum / fused | einsum / manual |" in result.stdout
     assert result.stdout.strip().splitlines()[-1].startswith("| 8 |")
 
 
