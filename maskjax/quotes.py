@@ -22,12 +22,14 @@ _CODE = re.compile(r"`[^`]*`")
 
 
 def table_ids(text: str) -> dict[str, set[str]]:
-    """Each generated table's id and the numbers it shows."""
+    """Each generated table's id and the numbers it shows, each also without its sign: prose says "ahead by
+    1.12 points" of a cell -1.12."""
     found = {}
     for match in pages.BLOCK.finditer(text):
         table_id = pages.parse_params(match["params"]).get("id")
         if table_id is not None:
-            found[table_id] = pages.table_numbers(match["body"])
+            numbers = pages.table_numbers(match["body"])
+            found[table_id] = numbers | {n.lstrip("+-") for n in numbers}
     return found
 
 
