@@ -103,18 +103,19 @@ def with_ids(text: str) -> str:
     return pages.BLOCK.sub(name, text)
 
 
-LINK = re.compile(r"(?:results/|\()([\w-]+)\.md\b")
+LINK = re.compile(r"(?:results/|\(|`)([\w-]+)\.md\b")
 
 
 PLUS_MINUS = re.compile(r"\s*\+-\s*(" + pages.NUMBER.pattern + ")")
 
 
 def tie(text: str, page: str, tables: Tables, untied_ok: set[str], cells: bool = False) -> str:
-    """The page with a tie after every quoted number that has none, is not one of `untied_ok` and that some
+    """The page with a tie after every quoted number that has none, is not one of `untied_ok` and that a
     generated table shows: the table the line's previous quote was tied to, else the first on the page itself,
-    else on a results page the line links to, else on any page (in the order of `tables`); a mean quoted with
-    its spread (`A +- B`) goes to a table that shows both. Other numbers are left for `problems` to name. The
-    choice is by digits: a reader checks that the table it names is the number's source."""
+    else on a results page the line names (a link or `page.md`); a mean quoted with its spread (`A +- B`) goes
+    to a table that shows both. Other numbers are left for `problems` to name: a page no line names is never
+    guessed, since short numbers match cells of unrelated tables by their digits alone. The choice is by
+    digits: a reader checks that the table it names is the number's source."""
     lines = text.split("\n")
     inserts: dict[int, list[tuple[int, str]]] = {}
     previous: dict[int, tuple[str, str]] = {}
@@ -123,7 +124,7 @@ def tie(text: str, page: str, tables: Tables, untied_ok: set[str], cells: bool =
             continue
         spread = PLUS_MINUS.match(lines[line - 1], end)
         wanted = [number, *([spread.group(1)] if spread else [])]
-        order = dict.fromkeys([page, *LINK.findall(lines[line - 1]), *tables])
+        order = dict.fromkeys([page, *LINK.findall(lines[line - 1])])
         found = [previous[line]] if line in previous else []
         found += [(p, i) for p in order for i in tables.get(p, {})]
         target = next(

@@ -99,11 +99,12 @@ def test_ties_prefer_the_page_then_the_pages_a_line_links_to():
     from maskjax import quotes
 
     tables = {"a": {"t1": {"1.50"}}, "b": {"t1": {"2.50", "3.50"}}, "c": {"t2": {"3.50"}}}
-    text = "x 1.50 and 3.50 ([c](results/c.md)) then 2.50\n| 2.50 |\n"
+    text = "x 1.50 and 3.50 ([c](results/c.md)) then 2.50 (`b.md`)\n| 2.50 |\n"
     tied = quotes.tie(text, "a", tables, set())
-    assert tied.startswith("x 1.50<!--#t1--> and 3.50<!--c#t2--> ([c](results/c.md)) then 2.50<!--b#t1-->\n| 2.50 |")
-    assert quotes.tie(text, "a", tables, set(), cells=True).endswith("| 2.50<!--b#t1--> |\n")
+    assert tied.startswith("x 1.50<!--#t1--> and 3.50<!--c#t2--> ([c](results/c.md)) then 2.50<!--b#t1--> (`b.md`)\n")
+    assert quotes.tie(text, "a", tables, set(), cells=True).endswith("| 2.50 |\n")  # its line names no page
     assert quotes.problems(tied, "a", tables, set()) == []
+    assert quotes.tie("y 2.50 and 3.50\n", "a", tables, set()) == "y 2.50 and 3.50\n"  # no guess across pages
     assert quotes.problems("range 1.50<!--#t1-->-3.50<!--c#t2-->", "a", tables, set()) == []  # a dash, not a sign
 
 
