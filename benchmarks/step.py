@@ -259,7 +259,11 @@ def way_name(devices: int) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = Parser(prog="python -m benchmarks.step", description=__doc__.splitlines()[0])
+    p = Parser(
+        prog="python -m benchmarks.step",
+        description=__doc__.splitlines()[0],
+        xla_flags=lambda parsed: get_study(parsed.study).cpu_xla_flags if parsed.study in study_names() else (),
+    )
     p.add_argument("--study", required=True, help=f"whose step to time: {', '.join(study_names())}")
     p.add_argument("--preset", default="quick", help="a preset of the study (default quick)")
     p.add_argument("--method", default="vanilla", help="method whose step is timed (default vanilla)")
@@ -313,6 +317,7 @@ def child(args: argparse.Namespace, seeds: list[int], devices: int) -> subproces
         f"--dtype={args.dtype}",
         f"--cpu-devices={devices}",
         *(f"--set={text}" for text in args.set),
+        *([f"--xla-flags={args.xla_flags}"] if args.xla_flags else []),
         "--no-torch",
         "--json-only",
     ]
@@ -333,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     env = store.environment()
     say = (lambda message: None) if args.json_only else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"devices: {env['devices']}  jax {env['jax_version']}  commit {env['git_commit']}")
+    say(f"XLA_FLAGS: {env['xla_flags'] or '(none)'}")
     peak = matmul_peak()
     say(f"fp32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     say(

@@ -1,17 +1,23 @@
-"""How a process uses the machine, set once before JAX starts its backends: CPU devices and the compile cache.
+"""How a process uses the machine, set once before JAX starts its backends: CPU devices, the compile cache
+and a study's XLA CPU flags.
 
 On a CPU, JAX sees one device that runs one program at a time over every core; our small models leave
 most cores idle (docs/performance.md). Split into one XLA device per core, the runs axis of a sweep is
 sharded over the cores (`maskjax.sharding.runs_mesh`), with the same floats. And every compiled program is
 kept in JAX's persistent compilation cache, so a second call with the same shapes compiles nothing.
 
-Environment variables (a CLI flag, where given, wins): MASKJAX_CPU_DEVICES (a count; 1 keeps one device)
-and MASKJAX_COMPILE_CACHE (a folder, or "off").
+A study may declare the XLA CPU flags that make its step fastest (`Study.cpu_xla_flags`, chosen by
+`benchmarks.xla_flags`); they are added to XLA_FLAGS, which XLA reads when the first program compiles, unless
+the user's XLA_FLAGS already sets the same flag.
+
+Environment variables (a CLI flag, where given, wins): MASKJAX_CPU_DEVICES (a count; 1 keeps one device),
+MASKJAX_COMPILE_CACHE (a folder, or "off") and MASKJAX_XLA_FLAGS ("study", the default, or "off").
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import jax
@@ -21,6 +27,7 @@ from maskjax.errors import ConfigError
 # Measured on the 2-core CI kind only (docs/performance.md); beyond 8 cores one device per core is untested.
 MAX_DEFAULT_CPU_DEVICES = 8
 OFF = "off"
+STUDY = "study"
 
 
 def default_cpu_devices() -> int:
@@ -41,17 +48,29 @@ def backends_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def configure(cpu_devices: int | None = None, compile_cache: str | None = None) -> dict:
-    """Set the CPU device count and the compile cache for this process, unless JAX has started already
-    (then nothing can change: a notebook or test that imported and used JAX keeps its settings).
+def configure(
+    cpu_devices: int | None = None,
+    compile_cache: str | None = None,
+    xla_flags: Sequence[str] = (),
+    use_xla_flags: str | None = None,
+) -> dict:
+    """Set the CPU device count, the compile cache and the study's XLA flags for this process, unless JAX has
+    started already (then nothing can change: a notebook or test that imported and used JAX keeps its settings).
 
     cpu_devices: None takes MASKJAX_CPU_DEVICES, else one per core; an XLA_FLAGS device count set by the
     user is left alone. compile_cache: a folder or "off"; None takes MASKJAX_COMPILE_CACHE, else a
-    JAX_COMPILATION_CACHE_DIR the user set, else `default_cache_dir()`.
+    JAX_COMPILATION_CACHE_DIR the user set, else `default_cache_dir()`. xla_flags: the study's CPU flags,
+    applied unless use_xla_flags (None takes MASKJAX_XLA_FLAGS) is "off" (`with_xla_flags`).
     Returns what it set, for the log."""
     if backends_started():
         return {}
     settings = {}
+    use = use_xla_flags if use_xla_flags is not None else os.environ.get("MASKJAX_XLA_FLAGS", STUDY)
+    if use not in (STUDY, OFF):
+        raise ConfigError(f"XLA flags must be {STUDY!r} (the study's own) or {OFF!r}, got {use!r}")
+    applied = with_xla_flags(xla_flags) if use == STUDY else []
+    if applied:
+        settings["xla_flags"] = " ".join(applied)
     devices = cpu_devices if cpu_devices is not None else _env_count("MASKJAX_CPU_DEVICES")
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         devices = devices if devices is not None else default_cpu_devices()
@@ -74,6 +93,15 @@ def configure(cpu_devices: int | None = None, compile_cache: str | None = None) 
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         settings["compile_cache"] = str(folder)
     return settings
+
+
+def with_xla_flags(flags: Sequence[str]) -> list[str]:
+    """Add each flag to XLA_FLAGS unless the user's XLA_FLAGS names the same flag; returns those added."""
+    present = os.environ.get("XLA_FLAGS", "")
+    added = [flag for flag in flags if flag.split("=", 1)[0] not in present]
+    if added:
+        os.environ["XLA_FLAGS"] = " ".join([present, *added]).strip()
+    return added
 
 
 def _env_count(name: str) -> int | None:

@@ -100,12 +100,14 @@ def git_commit() -> str:
 
 
 def environment() -> dict:
-    """What a result needs beside its config to be reproduced: commit, JAX version, devices."""
+    """What a result needs beside its config to be reproduced: commit, JAX version, devices, the XLA flags
+    (a study's CPU flags, or the user's; the floats may differ in the last digit under other flags)."""
     return {
         "git_commit": git_commit(),
         "jax_version": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
         "backend": jax.default_backend(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
     }
 
 

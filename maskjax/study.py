@@ -92,6 +92,9 @@ class Study:
     figures: ClassVar[str] = "*.png"
     # The scope `benchmarks.step` times (its first group for the method asked), on `sample_data`.
     benchmark_scope: ClassVar[Any] = None
+    # XLA flags that make the study's step fastest on a CPU, chosen by `benchmarks.xla_flags` (docs/performance.md);
+    # the CLI adds them to XLA_FLAGS before JAX compiles (`maskjax.runtime`), and the records name them.
+    cpu_xla_flags: ClassVar[tuple[str, ...]] = ()
 
     def preset(self, name: str) -> Any:
         """A preset's config by name."""

@@ -126,3 +126,25 @@ def test_every_study_has_a_pytorch_peer_that_runs(main, study):
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["torch"]["step_seconds"] > 0 and summary["torch"]["version"].startswith("2.")
     assert "torch eager, 1 seed:" in result.stderr and "x |" in result.stdout  # the "vs torch" column is filled
+
+
+def test_xla_flags_picks_a_candidate_only_when_it_is_faster_at_every_seed_count():
+    from benchmarks.xla_flags import flag_list, pick
+
+    default = {1: 10.0, 8: 80.0}
+    timed = {"--a": {1: 8.0, 8: 78.0}, "--b": {1: 9.0, 8: 70.0}, "--c": {1: 5.0, 8: 90.0}}
+    assert pick(default, timed, 0.05) == "--b"  # --a is 3% faster at 8 seeds, --c slower there
+    assert pick(default, timed, 0.2) is None
+    assert flag_list("--xla_a=1 --xla_b, --xla_c") == ["--xla_a=1 --xla_b", "--xla_c"]
+    with pytest.raises(ValueError, match="expected XLA flags"):
+        flag_list("-O3")
+
+
+def test_xla_flags_times_each_flag_set_in_its_own_process(cli):
+    result = cli(
+        "benchmarks.xla_flags", "--studies=boolean", "--preset=test", "--seeds=1",
+        "--candidates=--xla_cpu_use_onednn=false",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| boolean | (defaults) |" in result.stdout and "| boolean | --xla_cpu_use_onednn=false |" in result.stdout
+    assert json.loads(result.stdout.strip().splitlines()[-1])["picks"].keys() == {"boolean"}

@@ -57,6 +57,8 @@ def test_bad_runtime_input_is_one_line_and_exit_2(tmp_path, cli):
         ([f"--compile-cache={blocker / 'cache'}"], {}, "compile cache"),
         (["--cpu-devices=0"], {}, "--cpu-devices"),
         ([], {"MASKJAX_CPU_DEVICES": "two"}, "MASKJAX_CPU_DEVICES"),
+        ([], {"MASKJAX_XLA_FLAGS": "fast"}, "XLA flags must be"),
+        (["--xla-flags=fast"], {}, "--xla-flags"),
     ):
         result = cli("experiments.boolean", "--preset=test", "--seeds=1", f"--out={tmp_path / 'out'}", *args, env=env)
         lines = result.stderr.strip().splitlines()
@@ -79,3 +81,36 @@ def test_a_repeated_cli_call_compiles_nothing_new(tmp_path):
     for a, b in zip(*read, strict=True):
         a, b = json.loads(a), json.loads(b)
         assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+
+
+def test_a_studys_xla_flags_are_added_unless_the_user_sets_them_or_turns_them_off():
+    """Issue 48: the flags reach XLA_FLAGS before the first compile (XLA reads them then: a bad flag would
+    abort the compile, so the jit proves they were read), the user's own value of a flag wins, off adds none."""
+    flags = ("--xla_cpu_use_onednn=false", "--xla_cpu_experimental_ynn_fusion_type=dot")
+    code = (
+        "import os, jax; from maskjax import runtime, store; "
+        f"s = runtime.configure(None, 'off', {flags!r}); "
+        "jax.jit(lambda x: x + 1)(1.0).block_until_ready(); "
+        "print(repr(s.get('xla_flags'))); print(repr(store.environment()['xla_flags']))"
+    )
+    added = python(code, XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=individual_dot")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.splitlines() == [
+        "'--xla_cpu_use_onednn=false'",
+        "'--xla_cpu_experimental_ynn_fusion_type=individual_dot --xla_cpu_use_onednn=false'",
+    ]
+    off = python(code, XLA_FLAGS="", MASKJAX_XLA_FLAGS="off")
+    assert off.returncode == 0 and off.stdout.splitlines() == ["None", "''"], off.stderr
+
+
+def test_the_cli_applies_the_studys_flags_and_its_records_name_them(tmp_path):
+    code = (
+        "import sys; from maskjax.study import get_study; from maskjax.cli.driver import main, run_main; "
+        "study = get_study('boolean'); type(study).cpu_xla_flags = ('--xla_cpu_use_onednn=false',); "
+        f"sys.exit(run_main(lambda argv: main(study, ['--preset=test', '--seeds=1', '--methods=mask', "
+        f"'--compile-cache=off', '--out={tmp_path / 'out'}'])))"
+    )
+    result = python(code, XLA_FLAGS="")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])
+    assert record["xla_flags"] == "--xla_cpu_use_onednn=false"

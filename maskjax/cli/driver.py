@@ -32,7 +32,13 @@ class Parser(argparse.ArgumentParser):
     before JAX starts its backends (`maskjax.runtime`). Started as the `maskjax` console script, a program
     names itself `maskjax NAME` in its usage, not the checkout's `python -m experiments.NAME`."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        xla_flags: Sequence[str] | Callable[[argparse.Namespace], Sequence[str]] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.xla_flags = xla_flags
         prog = kwargs.get("prog") or ""
         if prog.startswith(CHECKOUT_PROG) and Path(sys.argv[0]).name == "maskjax":
             kwargs["prog"] = "maskjax " + prog.removeprefix(CHECKOUT_PROG)
@@ -49,10 +55,17 @@ class Parser(argparse.ArgumentParser):
             help=f"folder of JAX's persistent compilation cache, or 'off' (default {runtime.default_cache_dir()}; "
             "env MASKJAX_COMPILE_CACHE)",
         )
+        group.add_argument(
+            "--xla-flags",
+            choices=(runtime.STUDY, runtime.OFF),
+            help="apply the study's own XLA CPU flags, chosen by benchmarks.xla_flags, or none (default study; "
+            "env MASKJAX_XLA_FLAGS; a flag the user's XLA_FLAGS sets is left alone)",
+        )
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, rest = super().parse_known_args(args, namespace)
-        runtime.configure(parsed.cpu_devices, parsed.compile_cache)
+        flags = self.xla_flags(parsed) if callable(self.xla_flags) else self.xla_flags
+        runtime.configure(parsed.cpu_devices, parsed.compile_cache, flags, parsed.xla_flags)
         return parsed, rest
 
     def error(self, message: str) -> None:
@@ -272,7 +285,7 @@ def config_from_args(study: Study, args: argparse.Namespace) -> Any:
 
 
 def study_parser(study: Study) -> Parser:
-    p = Parser(prog=f"python -m experiments.{study.name}", description=study.description)
+    p = Parser(prog=f"python -m experiments.{study.name}", description=study.description, xla_flags=study.cpu_xla_flags)
     add_field_flags(p, study.scope_type, "scope", "what to run", defaults=True)
     p.add_argument(
         "--methods",

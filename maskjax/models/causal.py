@@ -23,7 +23,7 @@ from maskjax.attention import (
     mask_bias,
     mask_shape,
 )
-from maskjax.models.layers import Block, ModelConfig, torch_dense
+from maskjax.models.layers import Block, ModelConfig, Readout
 
 PositionBias = Literal["none", "alibi"]
 
@@ -75,7 +75,7 @@ class CausalTransformer(nn.Module):
                 name=f"block_{layer}",
             )(h, bias)
         h = nn.LayerNorm(epsilon=1e-5, name="head_norm")(h)
-        return torch_dense(self.vocab, c.dim, "head", c.dtype)(h).astype(jnp.float32)
+        return Readout(self.vocab, c.dim, c.dtype, name="head")(h).astype(jnp.float32)
 
 
 class SharedMask(nn.Module):
