@@ -34,10 +34,26 @@ def table_ids(text: str) -> dict[str, set[str]]:
 
 
 def hand_numbers(text: str) -> set[str]:
-    """Numbers shown by the page's tables that no generator owns (marked not from records) and listed in its
-    not-from-records comments: the numbers a page may quote untied."""
-    outside = pages.BLOCK.sub("", text)
-    return pages.table_numbers(outside) | pages.explained_numbers(text)
+    """Numbers shown by the page's tables that no generator owns (marked not from records): numbers the page
+    may quote untied anywhere. A not-from-records comment explains its numbers in its own paragraph only
+    (`explained_by_line`), so that a "0.1" explained once does not pass untied all over the page."""
+    return pages.table_numbers(pages.BLOCK.sub("", text))
+
+
+def explained_by_line(text: str) -> dict[int, set[str]]:
+    """Line number -> the numbers the not-from-records comments of its paragraph (lines between blank ones)
+    list."""
+    found: dict[int, set[str]] = {}
+    paragraph: list[int] = []
+    lines = text.split("\n")
+    for number, line in enumerate([*lines, ""], 1):
+        if line.strip():
+            paragraph.append(number)
+            continue
+        explained = pages.explained_numbers("\n".join(lines[i - 1] for i in paragraph))
+        found.update(dict.fromkeys(paragraph, explained))
+        paragraph = []
+    return found
 
 
 def _blank(match: re.Match) -> str:
@@ -74,10 +90,11 @@ def problems(text: str, page: str, tables: Tables, untied_ok: set[str], cells: b
     from no record: `hand_numbers` of a results page; for a ledger, those of every results page and its own
     comments), a tie to a table that does not exist, a number its table does not show."""
     found = []
+    explained = explained_by_line(text)
     for line, number, tied, _ in quotes(text, cells):
         tie = TIE.fullmatch(tied) if tied else None
         if tie is None:
-            if not pages.is_shown(number, untied_ok):
+            if not pages.is_shown(number, untied_ok | explained.get(line, set())):
                 found.append(f"line {line}: {number} names no table")
             continue
         where = tie["page"] or page
@@ -119,8 +136,9 @@ def tie(text: str, page: str, tables: Tables, untied_ok: set[str], cells: bool =
     lines = text.split("\n")
     inserts: dict[int, list[tuple[int, str]]] = {}
     previous: dict[int, tuple[str, str]] = {}
+    explained = explained_by_line(text)
     for line, number, tied, end in quotes(text, cells):
-        if tied or pages.is_shown(number, untied_ok):
+        if tied or pages.is_shown(number, untied_ok | explained.get(line, set())):
             continue
         spread = PLUS_MINUS.match(lines[line - 1], end)
         wanted = [number, *([spread.group(1)] if spread else [])]
@@ -149,4 +167,6 @@ def site_tables(texts: Mapping[str, str]) -> dict[str, dict[str, set[str]]]:
 def ledger_untied(ledger: str, results: Iterable[str]) -> set[str]:
     """The numbers a ledger may quote untied: its own not-from-records comments' and those every results page
     shows from no record (the paper's numbers, costs)."""
-    return pages.explained_numbers(ledger).union(*(hand_numbers(text) for text in results))
+    return pages.explained_numbers(ledger).union(
+        *(hand_numbers(text) | pages.explained_numbers(text) for text in results)
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import stats
 
 
 def mean_std(values: Sequence[float], scale: float = 1.0, digits: str = ".4g") -> str:
@@ -77,6 +76,8 @@ def per_seed_table(records: Sequence[dict], key: str, group_by: Sequence[str]) -
 
 def fisher_p(hits_a: int, n_a: int, hits_b: int, n_b: int) -> float:
     """Two-sided Fisher's exact test of hits_a / n_a against hits_b / n_b."""
+    from scipy import stats  # imported when a test runs: scipy.stats is most of a CLI's import time
+
     return float(stats.fisher_exact([[hits_a, n_a - hits_a], [hits_b, n_b - hits_b]])[1])
 
 
@@ -84,6 +85,8 @@ def sign_test_p(differences: Sequence[float]) -> float:
     """Two-sided sign test of paired differences (ties dropped); 1 when every pair ties."""
     plus = sum(d > 0 for d in differences)
     minus = sum(d < 0 for d in differences)
+    from scipy import stats  # imported when a test runs: scipy.stats is most of a CLI's import time
+
     return float(stats.binomtest(plus, plus + minus).pvalue) if plus + minus else 1.0
 
 

@@ -328,3 +328,11 @@ def test_the_audit_fails_when_readme_drifts_from_the_ledger_and_write_restores_i
     assert audit.audit_glance(write=False) == 1 and "glance table differs" in capsys.readouterr().out
     assert audit.audit_glance(write=True) == 0
     assert copies[1].read_text() == readme and (tmp_path / "claims.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_not_from_records_comment_explains_its_own_paragraph_only():
+    from maskjax import quotes
+
+    text = "a rate of 0.1<!-- not from records: the learning rate, 0.1 --> here\nand 0.1 again\n\nbut 0.1 there\n"
+    assert quotes.problems(text, "a", {}, quotes.hand_numbers(text)) == ["line 4: 0.1 names no table"]
+    assert quotes.tie(text, "a", {"a": {"t1": {"0.1"}}}, quotes.hand_numbers(text)).endswith("but 0.1<!--#t1--> there\n")
