@@ -335,4 +335,5 @@ def test_a_not_from_records_comment_explains_its_own_paragraph_only():
 
     text = "a rate of 0.1<!-- not from records: the learning rate, 0.1 --> here\nand 0.1 again\n\nbut 0.1 there\n"
     assert quotes.problems(text, "a", {}, quotes.hand_numbers(text)) == ["line 4: 0.1 names no table"]
-    assert quotes.tie(text, "a", {"a": {"t1": {"0.1"}}}, quotes.hand_numbers(text)).endswith("but 0.1<!--#t1--> there\n")
+    tied = quotes.tie(text, "a", {"a": {"t1": {"0.1"}}}, quotes.hand_numbers(text))
+    assert tied.endswith("and 0.1 again\n\nbut 0.1<!--#t1--> there\n")
