@@ -258,11 +258,16 @@ def way_name(devices: int) -> str:
     return f"{devices} device{'s' if devices > 1 else ''}"
 
 
+def study_xla_flags(parsed: argparse.Namespace) -> tuple[str, ...]:
+    """The study's own XLA flags for the preset timed, as its CLI would apply them."""
+    return get_study(parsed.study).xla_flags(parsed.preset) if parsed.study in study_names() else ()
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(
         prog="python -m benchmarks.step",
         description=__doc__.splitlines()[0],
-        xla_flags=lambda parsed: get_study(parsed.study).cpu_xla_flags if parsed.study in study_names() else (),
+        xla_flags=study_xla_flags,
     )
     p.add_argument("--study", required=True, help=f"whose step to time: {', '.join(study_names())}")
     p.add_argument("--preset", default="quick", help="a preset of the study (default quick)")

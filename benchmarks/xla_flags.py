@@ -18,7 +18,7 @@ from statistics import mean
 
 from benchmarks.step import int_list
 from maskjax import store
-from maskjax.cli.driver import Parser, name_list, positive_float, run_main
+from maskjax.cli.driver import Parser, name_list, positive_float, positive_int, run_main
 from maskjax.errors import ConfigError
 from maskjax.study import study_names
 
@@ -37,8 +37,9 @@ def flag_list(text: str) -> list[str]:
     return sets
 
 
-def time_step(study: str, preset: str, seeds: list[int], flags: str, cpu_devices: int | None) -> dict[int, float]:
-    """Seconds per step by seed count, in a fresh process whose XLA_FLAGS are the user's plus `flags`."""
+def time_step(study: str, preset: str, seeds: list[int], flags: str, timing: list[str]) -> dict[int, float]:
+    """Seconds per step by seed count, in a fresh process whose XLA_FLAGS are the user's plus `flags`;
+    `timing` passes --cpu-devices, --steps and --repeats on to `benchmarks.step`."""
     env = {**os.environ, "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), flags]).strip()}
     argv = [
         sys.executable,
@@ -50,7 +51,7 @@ def time_step(study: str, preset: str, seeds: list[int], flags: str, cpu_devices
         "--no-torch",
         "--json-only",
         "--xla-flags=off",
-        *([f"--cpu-devices={cpu_devices}"] if cpu_devices else []),
+        *timing,
     ]
     done = subprocess.run(argv, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -73,7 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int_list, default=[1, 8], help="batch sizes in runs (default 1,8)")
     p.add_argument("--candidates", type=flag_list, default=list(CANDIDATES), help="flag sets to try, comma-separated")
     p.add_argument("--margin", type=positive_float, default=0.05, help="least speed-up a pick needs (default 0.05)")
+    p.add_argument("--steps", type=positive_int, help="steps per timed chunk (default: benchmarks.step's)")
+    p.add_argument("--repeats", type=positive_int, help="timed chunks, the best kept (default: benchmarks.step's)")
     args = p.parse_args(argv)
+    timing = [
+        f"--{name.replace('_', '-')}={value}"
+        for name in ("cpu_devices", "steps", "repeats")
+        if (value := getattr(args, name)) is not None
+    ]
     unknown = sorted(set(args.studies) - set(study_names()))
     if unknown:
         raise ConfigError(f"unknown studies {unknown}; known: {', '.join(study_names())}")
@@ -86,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|" + "---|" * len(args.seeds) + "---|")
     picks = {}
     for study in args.studies:
-        default = time_step(study, args.preset, args.seeds, "", args.cpu_devices)
+        default = time_step(study, args.preset, args.seeds, "", timing)
         print(f"| {study} | (defaults) | " + " | ".join(f"{default[s]:.4g}" for s in args.seeds) + " | 1 |", flush=True)
         timed = {}
         for flags in args.candidates:
-            timed[flags] = time_step(study, args.preset, args.seeds, flags, args.cpu_devices)
+            timed[flags] = time_step(study, args.preset, args.seeds, flags, timing)
             ups = " / ".join(f"{default[s] / timed[flags][s]:.2f}" for s in args.seeds)
             print(
                 f"| {study} | {flags} | " + " | ".join(f"{timed[flags][s]:.4g}" for s in args.seeds) + f" | {ups} |",

@@ -24,8 +24,10 @@ MaskMode = Literal["none", "learnable", "fixed"]
 MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 # "fused": jax.nn.dot_product_attention with the mask as its bias (a fused kernel where the backend has
 # one); "einsum": the explicit softmax the probes read; "manual": `vjp_attention`, whose backward pass is
-# written out (issue 48; opt-in until benchmarks.step measures it faster); "auto": fused off CPU, einsum on
-# CPU, so the CPU results in docs/ stay bit for bit reproducible. Sown weights always take the einsum path.
+# written out (issue 48); "auto": fused off CPU, manual on CPU (measured 1.0-1.5x faster than einsum there,
+# docs/performance.md; einsum before commit of issue 48, so a page's CPU numbers repeat bit for bit at its own
+# commit, and to float rounding after). A bias per example (not [heads, q, k]) takes einsum on CPU. Sown
+# weights always take the einsum path.
 AttentionImpl = Literal["auto", "einsum", "fused", "manual"]
 # "full": one logit per (head, query, key); "toeplitz": one per (head, offset i - j), as T5 and ALiBi
 # parameterise relative position, expanded by `toeplitz_logits` (for causal attention).
@@ -298,6 +300,10 @@ def manual_attention(
     gather for a relative mask)."""
     lead, (q_len, heads, head_dim) = q.shape[:-3], q.shape[-3:]
     kv_len, dtype = k.shape[-3], jnp.promote_types(q.dtype, jnp.float32)
+    if bias is not None and jnp.ndim(bias) > 3:
+        raise ConfigError(
+            f"the manual attention path takes a bias shared by the batch ([heads, q, k]), got shape {jnp.shape(bias)}"
+        )
     total = None if bias is None else jnp.broadcast_to(jnp.asarray(bias, dtype), (heads, q_len, kv_len))
     if mask_logits is not None:
         check_mask_logits(mask_logits, heads, q_len, kv_len)
@@ -450,9 +456,10 @@ def split_qkv(qkv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return q, k, v
 
 
-def attention_path(attention_impl: AttentionImpl, sowing: bool) -> Callable | None:
+def attention_path(attention_impl: AttentionImpl, sowing: bool, shared_bias: bool = True) -> Callable | None:
     """The function a module's attention runs through (`fused_attention`, `manual_attention`), or None for the
-    einsum path the sown weights need."""
+    einsum path the sown weights need. shared_bias: whether any fixed bias is one for the whole batch, as the
+    manual path takes it."""
     if attention_impl not in ("auto", "einsum", "fused", "manual"):
         raise ConfigError(
             f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum', 'fused' or 'manual'"
@@ -461,7 +468,9 @@ def attention_path(attention_impl: AttentionImpl, sowing: bool) -> Callable | No
         return None
     if attention_impl == "manual":
         return manual_attention
-    return fused_attention if attention_impl == "fused" or jax.default_backend() != "cpu" else None
+    if attention_impl == "fused" or jax.default_backend() != "cpu":
+        return fused_attention
+    return manual_attention if shared_bias else None
 
 
 # Matches torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as in the GOTU reference code.
@@ -521,7 +530,8 @@ class MaskedSelfAttention(nn.Module):
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
         shape = causal_mask_shape(self.mask_structure, self.heads, length, self.causal)
         mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
-        path = attention_path(self.attention_impl, self.is_mutable_collection("intermediates"))
+        shared_bias = bias is None or jnp.ndim(bias) <= 3
+        path = attention_path(self.attention_impl, self.is_mutable_collection("intermediates"), shared_bias)
         if path is not None:
             out = path(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
@@ -593,7 +603,7 @@ class NNXMaskedSelfAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])
-        path = attention_path(self.attention_impl, sow_weights)
+        path = attention_path(self.attention_impl, sow_weights, bias is None or jnp.ndim(bias) <= 3)
         if path is not None:
             out = path(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:

@@ -69,21 +69,36 @@ def same_sweep(held: dict, wanted: dict, defaults: Mapping[str, Any]) -> bool:
     sweep holds at their `defaults` (so adding a field to a study's config keeps its folders resumable)."""
     candidates = [wanted, flat_sweep_record(wanted)] if store.is_nested(wanted) else [wanted]
     for candidate in candidates:
-        config, held_config = store.sweep_config(candidate), store.sweep_config(held)
-        added = {k for k, v in config.items() if k not in held_config and k in defaults and v == defaults[k]}
-        kept = {k: v for k, v in config.items() if k not in added}
+        kept = without_added(store.sweep_config(candidate), store.sweep_config(held), defaults)
         if held == ({**candidate, "config": kept} if store.is_nested(candidate) else kept):
             return True
     return False
 
 
+def without_added(config: dict, held: dict, defaults: Mapping[str, Any]) -> dict:
+    """`config` less the fields `held` lacks that sit at their defaults, at any depth (a model field too)."""
+    kept = {}
+    for key, value in config.items():
+        if key not in held:
+            if key in defaults and value == defaults[key]:
+                continue
+        elif isinstance(value, dict) and isinstance(held[key], dict) and isinstance(defaults.get(key), dict):
+            value = without_added(value, held[key], defaults[key])
+        kept[key] = value
+    return kept
+
+
 def field_defaults(config: Any) -> dict[str, Any]:
-    """A config dataclass's fields that have a default, as config.json holds them."""
-    return {
-        f.name: json.loads(json.dumps(jsonable(f.default), default=str))
-        for f in dataclasses.fields(config)
-        if f.default is not dataclasses.MISSING
-    }
+    """A config dataclass's fields that have a default, as config.json holds them; for a nested config (the
+    model's), its own fields' defaults."""
+    found = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            found[f.name] = field_defaults(value)
+        elif f.default is not dataclasses.MISSING:
+            found[f.name] = json.loads(json.dumps(jsonable(f.default), default=str))
+    return found
 
 
 def prepare_out(out: Path, config: dict, control: RunControl, defaults: Mapping[str, Any] | None = None) -> list[dict]:

@@ -92,9 +92,14 @@ class Study:
     figures: ClassVar[str] = "*.png"
     # The scope `benchmarks.step` times (its first group for the method asked), on `sample_data`.
     benchmark_scope: ClassVar[Any] = None
-    # XLA flags that make the study's step fastest on a CPU, chosen by `benchmarks.xla_flags` (docs/performance.md);
-    # the CLI adds them to XLA_FLAGS before JAX compiles (`maskjax.runtime`), and the records name them.
-    cpu_xla_flags: ClassVar[tuple[str, ...]] = ()
+    # Per preset, the XLA flags that make the study's step fastest on a CPU, chosen by `benchmarks.xla_flags`
+    # (docs/performance.md: a flag that speeds a small step can slow a larger one); the CLI adds them to
+    # XLA_FLAGS before JAX compiles (`maskjax.runtime`), and the records name them.
+    cpu_xla_flags: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    def xla_flags(self, preset: str) -> tuple[str, ...]:
+        """The XLA CPU flags measured fastest for a preset's step (none for a preset not measured)."""
+        return tuple(self.cpu_xla_flags.get(preset, ()))
 
     def preset(self, name: str) -> Any:
         """A preset's config by name."""

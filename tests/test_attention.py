@@ -362,3 +362,20 @@ def test_the_manual_path_gives_the_einsum_numbers_and_mask_gradients_in_a_module
     grads = [jax.grad(lambda p, m=m: jnp.sum(m.apply({"params": p}, x) ** 2))(params) for m in (einsum, manual)]
     chex.assert_trees_all_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
     assert np.abs(np.asarray(grads[1]["mask_logits"])).max() > 0
+
+
+def test_auto_takes_the_manual_path_on_cpu_unless_the_bias_is_per_example():
+    """Issue 48: the written backward measured faster on CPU is the default there; a per-example bias, which it
+    does not take, falls back to einsum under auto and is refused by an explicit manual."""
+    from maskjax.attention import attention_path, manual_attention
+
+    assert attention_path("auto", sowing=False) is manual_attention
+    assert attention_path("auto", sowing=False, shared_bias=False) is None
+    assert attention_path("auto", sowing=True) is None and attention_path("einsum", sowing=False) is None
+    x = jax.random.normal(jax.random.key(0), (3, 5, 8))
+    per_example = jax.random.normal(jax.random.key(2), (3, 2, 5, 5))
+    auto, einsum = (MaskedSelfAttention(2, 4, attention_impl=impl) for impl in ("auto", "einsum"))
+    variables = einsum.init(jax.random.key(1), x)
+    chex.assert_trees_all_close(auto.apply(variables, x, per_example), einsum.apply(variables, x, per_example))
+    with pytest.raises(maskjax.ConfigError, match="bias shared by the batch"):
+        MaskedSelfAttention(2, 4, attention_impl="manual").apply(variables, x, per_example)

@@ -236,12 +236,17 @@ def test_ngram_cli_writes_its_floors(cli, tmp_path, tiny_text):
 def test_the_medium_preset_is_the_rung_the_ladder_passed():
     """docs/results/language_ladder.md names `medium`; its config is that run's, field for field. The run
     predates the optimizer fields (the code then hard-wired AdamW with the mask decayed like the rest) and
-    the QK-prior fields of issue 44, which no method of that run reads."""
+    the QK-prior fields of issue 44, which no method of that run reads, and the model's attention path of
+    issue 48."""
     from pathlib import Path
 
     ran = json.loads((Path(__file__).parent.parent / "docs/results/language_ladder/l128d4/config.json").read_text())
     ran = {"optimizer": "adamw", "mask_weight_decay": None, "qk_opt_steps": 10_000, "qk_position_scale": 5.0, **ran}
-    medium = dataclasses.asdict(study.STUDY.preset("medium"))
+    from maskjax.runner import field_defaults, without_added
+
+    preset = study.STUDY.preset("medium")
+    medium = without_added(json.loads(json.dumps(dataclasses.asdict(preset))), ran, field_defaults(preset))
+    assert "attention_impl" not in medium["model"]  # added since (issue 48), at its default
     assert {k: v for k, v in medium.items() if k != "preset"} == {k: ran[k] for k in medium if k != "preset"}
 
 

@@ -132,3 +132,16 @@ def test_same_sweep_in_the_nested_and_the_flat_form():
         assert runner.same_sweep(held, wanted, {"new": 2}) and not runner.same_sweep(held, wanted, {"new": 3})
         assert not runner.same_sweep(held, wanted, {})
     assert runner.same_sweep(wanted, wanted, {})
+
+
+def test_a_model_field_added_since_a_folder_was_written_keeps_it_resumable_at_its_default():
+    wanted = {"study": "s", "methods": ["m"], "seeds": [0], "scope": {}, "derived": {}}
+    wanted["config"] = {"a": 1, "model": {"dim": 8, "path": "auto"}}
+    held = {**wanted, "config": {"a": 1, "model": {"dim": 8}}}
+    defaults = {"a": 0, "model": {"dim": 256, "path": "auto"}}
+    assert runner.same_sweep(held, wanted, defaults)
+    assert not runner.same_sweep(held, {**wanted, "config": {"a": 1, "model": {"dim": 8, "path": "x"}}}, defaults)
+    assert not runner.same_sweep(held, {**wanted, "config": {"a": 1, "model": {"dim": 9, "path": "auto"}}}, defaults)
+    from maskjax.studies import boolean
+
+    assert runner.field_defaults(boolean.STUDY.preset("test"))["model"]["attention_impl"] == "auto"

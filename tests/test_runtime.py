@@ -106,7 +106,7 @@ def test_a_studys_xla_flags_are_added_unless_the_user_sets_them_or_turns_them_of
 def test_the_cli_applies_the_studys_flags_and_its_records_name_them(tmp_path):
     code = (
         "import sys; from maskjax.study import get_study; from maskjax.cli.driver import main, run_main; "
-        "study = get_study('boolean'); type(study).cpu_xla_flags = ('--xla_cpu_use_onednn=false',); "
+        "study = get_study('boolean'); type(study).cpu_xla_flags = {'test': ('--xla_cpu_use_onednn=false',)}; "
         f"sys.exit(run_main(lambda argv: main(study, ['--preset=test', '--seeds=1', '--methods=mask', "
         f"'--compile-cache=off', '--out={tmp_path / 'out'}'])))"
     )

@@ -88,6 +88,8 @@ def test_every_preset_and_default_scope_meets_its_own_bounds(study):
         overrides.check(config)
     overrides.check(study.scope_type())
     assert study.default_preset in study.presets and "test" in study.presets
+    assert set(study.cpu_xla_flags) <= set(study.presets)  # flags name presets that exist
+    assert all(flag.startswith("--xla_cpu_") for flags in study.cpu_xla_flags.values() for flag in flags)
 
 
 def test_the_registry_finds_every_built_in_study_and_refuses_an_unknown_or_second_one():

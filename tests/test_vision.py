@@ -336,16 +336,15 @@ def test_eval_chunks_fill_the_last_chunk_and_mark_the_filler():
 def test_the_medium_preset_is_the_rung_the_ladder_passed():
     """docs/results/vision_ladder.md names `medium`; its config is that run's, field for field (a field added
     since, impulse_position_scale, at its default)."""
-    from maskjax.runner import field_defaults
+    from maskjax.runner import field_defaults, without_added
 
     ran = json.loads((Path(__file__).parent.parent / "docs/results/vision_ladder/v64d4p7e30/config.json").read_text())
     preset = study.STUDY.preset("medium")
-    medium, defaults = dataclasses.asdict(preset), field_defaults(preset)
-    added = {k for k in medium if k not in ran}
-    assert added == {"impulse_position_scale"} and all(medium[k] == defaults[k] for k in added)
-    assert {k: v for k, v in medium.items() if k not in {"preset", *added}} == {
-        k: ran[k] for k in medium if k not in {"preset", *added}
-    }
+    medium = dataclasses.asdict(preset)
+    assert {k for k in medium if k not in ran} == {"impulse_position_scale"}
+    assert set(medium["model"]) - set(ran["model"]) == {"attention_impl"}  # issue 48, at its default
+    kept = without_added(json.loads(json.dumps(medium)), ran, field_defaults(preset))
+    assert {k: v for k, v in kept.items() if k != "preset"} == {k: ran[k] for k in kept if k != "preset"}
 
 
 def test_impulse_position_scale_multiplies_the_positions_its_prior_is_built_on(tiny_fashion):

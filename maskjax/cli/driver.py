@@ -285,7 +285,11 @@ def config_from_args(study: Study, args: argparse.Namespace) -> Any:
 
 
 def study_parser(study: Study) -> Parser:
-    p = Parser(prog=f"python -m experiments.{study.name}", description=study.description, xla_flags=study.cpu_xla_flags)
+    p = Parser(
+        prog=f"python -m experiments.{study.name}",
+        description=study.description,
+        xla_flags=lambda parsed: study.xla_flags(parsed.preset or study.default_preset),
+    )
     add_field_flags(p, study.scope_type, "scope", "what to run", defaults=True)
     p.add_argument(
         "--methods",

@@ -34,6 +34,11 @@ class ModelConfig:
         choices=("float32", "bfloat16"),
         help="matmul dtype (bfloat16 for accelerators; parameters, LayerNorm, softmax and optimizer stay float32)",
     )
+    attention_impl: str = option(
+        "auto",
+        choices=("auto", "einsum", "fused", "manual"),
+        help="attention path: auto (einsum on CPU, fused elsewhere), einsum, fused, or manual (a written backward)",
+    )
 
 
 def torch_dense(features: int, fan_in: int, name: str, dtype: str = "float32") -> nn.Dense:
@@ -108,6 +113,7 @@ class Block(nn.Module):
             causal=self.causal,
             mask_scale=self.mask_scale,
             mask_structure=self.mask_structure,
+            attention_impl=c.attention_impl,
             name="attn",
         )(h, bias)
         h = nn.LayerNorm(epsilon=1e-5, name="mlp_norm")(x_BLD)
