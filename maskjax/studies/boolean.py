@@ -444,6 +444,8 @@ class BooleanStudy(Study):
     default_seeds = 8
     default_methods = ("vanilla", "mask", "mask_fixed", "mask_zero")
     benchmark_scope = BooleanScope(tasks=("2parity",))
+    # docs/benchmarks/issue48_xla_flags_quick_manual.txt: 1.16x at one seed, 1.06x at 8 (medium: slower)
+    cpu_xla_flags = {"quick": ("--xla_cpu_experimental_ynn_fusion_type=individual_dot",)}
 
     def add_flags(self, parser: argparse.ArgumentParser) -> None:
         rate = overrides.flag_type(float, {"above": 0}, "learning_rate")
