@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +25,11 @@ MaskInit = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 # "fused": jax.nn.dot_product_attention with the mask as its bias (a fused kernel where the backend has
 # one); "einsum": the explicit softmax the probes read; "manual": `vjp_attention`, whose backward pass is
 # written out (issue 48); "auto": fused off CPU, manual on CPU (measured 1.0-1.5x faster than einsum there,
-# docs/performance.md; einsum before commit of issue 48, so a page's CPU numbers repeat bit for bit at its own
+# docs/performance.md; einsum before commit c45f108, so a page's CPU numbers repeat bit for bit at its own
 # commit, and to float rounding after). A bias per example (not [heads, q, k]) takes einsum on CPU. Sown
 # weights always take the einsum path.
 AttentionImpl = Literal["auto", "einsum", "fused", "manual"]
+ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
 # "full": one logit per (head, query, key); "toeplitz": one per (head, offset i - j), as T5 and ALiBi
 # parameterise relative position, expanded by `toeplitz_logits` (for causal attention).
 MaskStructure = Literal["full", "toeplitz"]
@@ -456,11 +457,11 @@ def split_qkv(qkv: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     return q, k, v
 
 
-def attention_path(attention_impl: AttentionImpl, sowing: bool, shared_bias: bool = True) -> Callable | None:
+def attention_path(attention_impl: AttentionImpl, sowing: bool, bias: jax.Array | None = None) -> Callable | None:
     """The function a module's attention runs through (`fused_attention`, `manual_attention`), or None for the
-    einsum path the sown weights need. shared_bias: whether any fixed bias is one for the whole batch, as the
-    manual path takes it."""
-    if attention_impl not in ("auto", "einsum", "fused", "manual"):
+    einsum path the sown weights need. bias: the fixed bias the call adds; one per example ([batch..., heads,
+    q, k]) keeps `auto` off the manual path, which takes a bias shared by the batch."""
+    if attention_impl not in ATTENTION_IMPLS:
         raise ConfigError(
             f"unknown attention_impl {attention_impl!r}; expected 'auto', 'einsum', 'fused' or 'manual'"
         )
@@ -470,7 +471,7 @@ def attention_path(attention_impl: AttentionImpl, sowing: bool, shared_bias: boo
         return manual_attention
     if attention_impl == "fused" or jax.default_backend() != "cpu":
         return fused_attention
-    return manual_attention if shared_bias else None
+    return manual_attention if bias is None or jnp.ndim(bias) <= 3 else None
 
 
 # Matches torch.nn.Linear's default U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as in the GOTU reference code.
@@ -530,8 +531,7 @@ class MaskedSelfAttention(nn.Module):
             k = nn.LayerNorm(epsilon=1e-5, param_dtype=self.param_dtype, name="k_norm")(k)
         shape = causal_mask_shape(self.mask_structure, self.heads, length, self.causal)
         mask_logits = expand_mask(linen_mask_logits(self, self.mask_mode, self.mask_init, shape), length)
-        shared_bias = bias is None or jnp.ndim(bias) <= 3
-        path = attention_path(self.attention_impl, self.is_mutable_collection("intermediates"), shared_bias)
+        path = attention_path(self.attention_impl, self.is_mutable_collection("intermediates"), bias)
         if path is not None:
             out = path(q, k, v, mask_logits, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:
@@ -603,7 +603,7 @@ class NNXMaskedSelfAttention(nnx.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])
-        path = attention_path(self.attention_impl, sow_weights, bias is None or jnp.ndim(bias) <= 3)
+        path = attention_path(self.attention_impl, sow_weights, bias)
         if path is not None:
             out = path(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
         else:

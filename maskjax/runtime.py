@@ -98,7 +98,8 @@ def configure(
 def with_xla_flags(flags: Sequence[str]) -> list[str]:
     """Add each flag to XLA_FLAGS unless the user's XLA_FLAGS names the same flag; returns those added."""
     present = os.environ.get("XLA_FLAGS", "")
-    added = [flag for flag in flags if flag.split("=", 1)[0] not in present]
+    named = {flag.split("=", 1)[0] for flag in present.split()}
+    added = [flag for flag in flags if flag.split("=", 1)[0] not in named]
     if added:
         os.environ["XLA_FLAGS"] = " ".join([present, *added]).strip()
     return added

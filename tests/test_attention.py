@@ -370,7 +370,8 @@ def test_auto_takes_the_manual_path_on_cpu_unless_the_bias_is_per_example():
     from maskjax.attention import attention_path, manual_attention
 
     assert attention_path("auto", sowing=False) is manual_attention
-    assert attention_path("auto", sowing=False, shared_bias=False) is None
+    assert attention_path("auto", sowing=False, bias=jnp.zeros((3, 2, 5, 5))) is None
+    assert attention_path("auto", sowing=False, bias=jnp.zeros((2, 5, 5))) is manual_attention
     assert attention_path("auto", sowing=True) is None and attention_path("einsum", sowing=False) is None
     x = jax.random.normal(jax.random.key(0), (3, 5, 8))
     per_example = jax.random.normal(jax.random.key(2), (3, 2, 5, 5))

@@ -288,7 +288,7 @@ def study_parser(study: Study) -> Parser:
     p = Parser(
         prog=f"python -m experiments.{study.name}",
         description=study.description,
-        xla_flags=lambda parsed: study.xla_flags(parsed.preset or study.default_preset),
+        xla_flags=lambda parsed: study.xla_flags(parsed.preset),
     )
     add_field_flags(p, study.scope_type, "scope", "what to run", defaults=True)
     p.add_argument(

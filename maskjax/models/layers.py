@@ -12,6 +12,7 @@ from flax import linen as nn
 from flax.linen.dtypes import promote_dtype
 
 from maskjax.attention import (
+    ATTENTION_IMPLS,
     MaskedSelfAttention,
     MaskInit,
     MaskMode,
@@ -36,8 +37,8 @@ class ModelConfig:
     )
     attention_impl: str = option(
         "auto",
-        choices=("auto", "einsum", "fused", "manual"),
-        help="attention path: auto (einsum on CPU, fused elsewhere), einsum, fused, or manual (a written backward)",
+        choices=ATTENTION_IMPLS,
+        help="attention path: auto (manual on CPU, fused elsewhere), einsum, fused, or manual (a written backward)",
     )
 
 
