@@ -4,7 +4,6 @@ the fields every record carries (divergence, the end-of-training loss, the group
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import mask_patterns, probes, qk_priors, store
+from maskjax import executables, mask_patterns, probes, qk_priors, store
 from maskjax.methods import Method
 from maskjax.optim import TrainConfig
 from maskjax.sharding import to_host
@@ -160,8 +159,6 @@ def evaluate_runs(
         n = len(arrays[0])
         chunks, filler = eval_chunks(arrays, eval_batch)
 
-    @jax.jit
-    @functools.partial(jax.vmap, in_axes=(0, 0, 0 if data_per_run else None, None))
     def one_run(params, constants, chunks, filler):
         variables = variables_of(params, constants)
         out = jax.lax.map(lambda batch: score(variables, *batch), (chunks, filler))
@@ -169,7 +166,8 @@ def evaluate_runs(
             return jax.tree.map(lambda s: s.sum(0), out)
         return jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:])[:n], out)
 
-    return jax.tree.map(to_host, one_run(state.params, state.constants, chunks, filler))
+    runs = executables.jit(jax.vmap(one_run, in_axes=(0, 0, 0 if data_per_run else None, None)))
+    return jax.tree.map(to_host, runs(state.params, state.constants, chunks, filler))
 
 
 def end_loss(losses_S: np.ndarray) -> float:

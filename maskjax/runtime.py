@@ -4,7 +4,9 @@ and a study's XLA CPU flags.
 On a CPU, JAX sees one device that runs one program at a time over every core; our small models leave
 most cores idle (docs/performance.md). Split into one XLA device per core, the runs axis of a sweep is
 sharded over the cores (`maskjax.sharding.runs_mesh`), with the same floats. And every compiled program is
-kept in JAX's persistent compilation cache, so a second call with the same shapes compiles nothing.
+kept in JAX's persistent compilation cache, so a second call with the same shapes compiles nothing; the
+training programs are also kept whole (`maskjax.executables`, in the cache's EXECUTABLES subfolder), so a
+second call with the same program does not even trace it.
 
 A study may declare the XLA CPU flags that make its step fastest (`Study.cpu_xla_flags`, chosen by
 `benchmarks.xla_flags`); they are added to XLA_FLAGS, which XLA reads when the first program compiles, unless
@@ -22,12 +24,14 @@ from pathlib import Path
 
 import jax
 
+from maskjax import executables
 from maskjax.errors import ConfigError
 
 # Measured on the 2-core CI kind only (docs/performance.md); beyond 8 cores one device per core is untested.
 MAX_DEFAULT_CPU_DEVICES = 8
 OFF = "off"
 STUDY = "study"
+EXECUTABLES = "executables"
 
 
 def default_cpu_devices() -> int:
@@ -91,6 +95,7 @@ def configure(
         jax.config.update("jax_compilation_cache_dir", str(folder))
         # Every program, however quick to compile: a study compiles tens of sub-second ones per batch.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        executables.use_folder(folder / EXECUTABLES)
         settings["compile_cache"] = str(folder)
     return settings
 

@@ -1,7 +1,8 @@
 """One training loop for every experiment.
 
 `init_run` and `loss` describe ONE run; `train` stacks runs along a leading axis with
-`jax.vmap`, compiles once with `jax.jit`, and runs steps in `lax.fori_loop` chunks. Each run draws
+`jax.vmap`, compiles once with `jax.jit` (kept on disk by `maskjax.executables` when the CLI's compile
+cache is on), and runs steps in `lax.fori_loop` chunks. Each run draws
 its batches on device from its own data key and the step number, so a run is deterministic and
 its result does not depend on which other runs share its group. The optimizer is `maskjax.optim`'s; the
 runs axis is laid on devices by `maskjax.sharding`.
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from maskjax import executables
 from maskjax.errors import ConfigError
 from maskjax.optim import TrainConfig, make_optimizer
 from maskjax.sharding import replicate, runs_mesh, shard_runs, to_host
@@ -121,8 +123,8 @@ def compile_program(
         return step_one(state, step, order, data)
 
     return Program(
-        init=jax.jit(jax.vmap(init_one)),
-        chunk=jax.jit(jax.vmap(chunk_one, in_axes=(0, data_axis, None, None)), donate_argnums=0),
+        init=executables.jit(jax.vmap(init_one)),
+        chunk=executables.jit(jax.vmap(chunk_one, in_axes=(0, data_axis, None, None)), donate_argnums=(0,)),
         step=jax.jit(jax.vmap(single_step, in_axes=(0, data_axis, None))),
     )
 
@@ -201,7 +203,7 @@ def train(
     n_runs = len(inputs.run_keys)
     mesh = runs_mesh(n_runs)
     data = inputs.laid_out(mesh)
-    measure = jax.jit(jax.vmap(inputs.probe)) if inputs.probe is not None else None
+    measure = executables.jit(jax.vmap(inputs.probe)) if inputs.probe is not None else None
 
     def runs(tree: PyTree) -> PyTree:
         """The real runs, without the padding `shard_runs` added for this mesh."""

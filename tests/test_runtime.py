@@ -20,6 +20,8 @@ def test_configure_sets_the_cpu_devices_and_cache_before_jax_starts(tmp_path):
         f"s = runtime.configure(3, {str(tmp_path / 'cache')!r}); "
         "assert s == {'cpu_devices': 3, 'compile_cache': " + repr(str(tmp_path / "cache")) + "}, s; "
         "assert jax.device_count() == 3; "
+        "from maskjax import executables; "
+        f"assert executables.folder() == runtime.Path({str(tmp_path / 'cache' / 'executables')!r}); "
         "jax.jit(lambda x: x + 1)(1.0).block_until_ready(); "
         "assert runtime.configure(1, 'off') == {} and jax.device_count() == 3; print('ok')"
     )
@@ -29,9 +31,12 @@ def test_configure_sets_the_cpu_devices_and_cache_before_jax_starts(tmp_path):
 
 
 def test_an_xla_flags_device_count_and_off_are_left_alone(tmp_path):
-    code = "import jax; from maskjax import runtime; print(runtime.configure(None, 'off'), jax.device_count())"
+    code = (
+        "import jax; from maskjax import executables, runtime; "
+        "print(runtime.configure(None, 'off'), jax.device_count(), executables.folder())"
+    )
     result = python(code, XLA_FLAGS="--xla_force_host_platform_device_count=5", MASKJAX_CPU_DEVICES="2")
-    assert result.returncode == 0 and result.stdout.split() == ["{}", "5"], result.stderr
+    assert result.returncode == 0 and result.stdout.split() == ["{}", "5", "None"], result.stderr
 
 
 def test_the_environment_sets_the_device_count():
@@ -72,9 +77,12 @@ def test_a_repeated_cli_call_compiles_nothing_new(tmp_path):
     first = run_cli("experiments.boolean", *args, f"--out={tmp_path / 'first'}")
     assert first.returncode == 0, first.stderr
     entries = sorted(p.name for p in cache.iterdir())
+    stored = sorted(p.name for p in (cache / "executables").iterdir())
     second = run_cli("experiments.boolean", *args, f"--out={tmp_path / 'second'}")
     assert second.returncode == 0, second.stderr
     assert entries and sorted(p.name for p in cache.iterdir()) == entries
+    # The training and scoring programs, read back whole (`maskjax.executables`): the same floats below.
+    assert stored and sorted(p.name for p in (cache / "executables").iterdir()) == stored
     strip = ("git_commit", "batch_seconds", "devices")
     read = [(tmp_path / name / "results.jsonl").read_text().splitlines() for name in ("first", "second")]
     assert len(read[0]) == len(read[1]) == 2

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maskjax import discover, mask_patterns, overrides, plots, probes, runs, tables
+from maskjax import discover, executables, mask_patterns, overrides, plots, probes, runs, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import Method
 from maskjax.models.gotu import GotuTransformer
@@ -365,7 +365,9 @@ class MapPoints:
     def __init__(self, task: BooleanTask, model: GotuTransformer):
         x, self.seen = probe_points(task, MAP_POINTS, PROBE_SEED)
         self.share = seen_share(task)
-        self._attention = jax.jit(jax.vmap(lambda p, c: layer0_attention(model, variables_of(p, c), jnp.asarray(x))))
+        self._attention = executables.jit(
+            jax.vmap(lambda p, c: layer0_attention(model, variables_of(p, c), jnp.asarray(x)))
+        )
 
     def attention(self, state) -> np.ndarray:
         """[runs, points, heads, N, N] for a stacked RunState."""
