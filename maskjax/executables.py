@@ -74,6 +74,10 @@ class _Stored:
             compiled = self.compiled[signature] = self.load_or_compile(args, signature)
         return compiled(*args)
 
+    def lower(self, *args: Any) -> Any:
+        """As `jax.jit`'s, for a caller that compiles by hand (`benchmarks.step`); nothing is stored."""
+        return self.jitted.lower(*args)
+
     def load_or_compile(self, args: tuple, signature: str) -> Any:
         key = hashlib.sha256("\n".join([environment_digest(), self.identity, signature]).encode()).hexdigest()
         path = self.folder / f"{key}.executable"

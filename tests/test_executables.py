@@ -82,6 +82,8 @@ def test_a_stored_program_is_read_back_and_gives_the_same_floats(tmp_path, monke
         np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
     executables.jit(step)(jnp.eye(5)[:4, :], x)  # another shape: another program, stored beside
     assert len(list(tmp_path.iterdir())) == 2
+    by_hand = first.lower(jnp.eye(5), x).compile()(jnp.eye(5), x)  # as benchmarks.step compiles
+    np.testing.assert_array_equal(np.asarray(by_hand[0]), np.asarray(expected[0]))
 
 
 def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path, monkeypatch):
