@@ -41,6 +41,50 @@ def test_a_fingerprint_follows_content_not_identity():
     assert keys[0] != keys[1]
 
 
+HELPER_SCALE = 2.0
+
+
+def scaled_by_helper():
+    return jax.vmap(lambda x: x * HELPER_SCALE)
+
+
+def test_a_fingerprint_reads_names_nested_globals_backward_rules_and_class_bodies(monkeypatch):
+    on_one_line = [lambda x: jnp.sin(x), lambda x: jnp.cos(x)]
+    assert executables.fingerprint(on_one_line[0]) != executables.fingerprint(on_one_line[1])
+
+    before = executables.fingerprint(scaled_by_helper())
+    monkeypatch.setattr(sys.modules[__name__], "HELPER_SCALE", 3.0)
+    assert executables.fingerprint(scaled_by_helper()) != before
+
+    def with_backward(backward):
+        @jax.custom_vjp
+        def f(x):
+            return x
+
+        f.defvjp(lambda x: (x, None), backward)
+        return f
+
+    assert executables.fingerprint(with_backward(lambda _, g: (g,))) != executables.fingerprint(
+        with_backward(lambda _, g: (2 * g,))
+    )
+
+    def holder(offset):
+        class Holder:
+            @property
+            def first(self):
+                return 1
+
+            @property
+            def second(self):
+                return offset
+
+        return Holder
+
+    assert executables.fingerprint(holder(1)) != executables.fingerprint(holder(2))
+    with pytest.raises(executables.Unfingerprintable):
+        executables.fingerprint(jax.jit(lambda x: x))
+
+
 def test_what_cannot_be_fingerprinted_is_refused_and_then_jitted_as_usual(tmp_path, monkeypatch):
     class Opaque:
         pass
@@ -86,6 +130,34 @@ def test_a_stored_program_is_read_back_and_gives_the_same_floats(tmp_path, monke
     np.testing.assert_array_equal(np.asarray(by_hand[0]), np.asarray(expected[0]))
 
 
+def test_donation_and_jax_settings_are_part_of_the_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(executables, "_folder", tmp_path)
+
+    def step(x):
+        return x + 1
+
+    kept = jnp.ones(3)
+    executables.jit(step, donate_argnums=(0,))(jnp.ones(3))
+    np.testing.assert_array_equal(np.asarray(executables.jit(step)(kept)), 2.0)
+    np.testing.assert_array_equal(np.asarray(kept), 1.0)  # not donated: still readable
+    assert len(list(tmp_path.iterdir())) == 2
+    stored = executables.jit(step)
+    narrow = stored(np.ones(3))
+    with jax.enable_x64(True):
+        wide, plain = stored(np.ones(3)), jax.jit(step)(np.ones(3))
+    assert narrow.dtype == jnp.float32 and wide.dtype == plain.dtype == jnp.float64
+
+
+def test_a_program_calling_a_library_kernel_is_not_stored(tmp_path, monkeypatch):
+    """LAPACK's SVD (the QK priors' init) is a custom call that a process reading the program back without
+    tracing may not have registered: jaxlib 0.10 crashed running one (vision's mimetic init)."""
+    monkeypatch.setattr(executables, "_folder", tmp_path)
+    matrix = np.random.default_rng(1).normal(size=(4, 4)).astype(np.float32)
+    singular = executables.jit(lambda m: jnp.linalg.svd(m)[1])(matrix)
+    np.testing.assert_allclose(np.asarray(singular), np.linalg.svd(matrix)[1], rtol=1e-5)
+    assert not any(tmp_path.iterdir())
+
+
 def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setattr(executables, "_folder", tmp_path)
 
@@ -107,8 +179,9 @@ def python(code: str, cache: str | None = None) -> subprocess.CompletedProcess:
 
 def test_a_program_whose_compile_jax_had_cached_is_stored_whole(tmp_path):
     """On a CPU an executable read from JAX's own compile cache serialises without its kernels (JAX 0.10),
-    and JAX decides once per process whether its cache is on. A program compiled (and cached by JAX) in one
-    process, then stored in a second whose first jit already turned JAX's cache on, must run in a third."""
+    JAX decides once per process whether its cache is on, and keeps its compilations in memory too. A
+    program compiled (and cached by JAX) in one process, then stored in a second whose first jits already
+    turned JAX's cache on and compiled that program, must run in a third."""
 
     def stored_in(folder: str) -> str:
         return textwrap.dedent(
@@ -119,6 +192,7 @@ def test_a_program_whose_compile_jax_had_cached_is_stored_whole(tmp_path):
             jax.jit(lambda x: x + 1)(1.0).block_until_ready()
             def f(x):
                 return jnp.stack([x[i : i + 3].sum() for i in range(5)]) * jnp.sin(x[:5])
+            jax.jit(f)(jnp.arange(10.0)).block_until_ready()  # and the program itself, in memory
             executables.use_folder({str(tmp_path / folder)!r})
             print(np.asarray(executables.jit(f)(jnp.arange(10.0))).tolist())
             """
