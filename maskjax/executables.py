@@ -129,6 +129,7 @@ def _load(path: Path) -> Any | None:
 
     try:
         payload, in_tree, out_tree, device_ids = pickle.loads(path.read_bytes())
+        os.utime(path)  # read now: the last to be pruned
         by_id = {d.id: d for d in jax.devices()}
         devices = [by_id[i] for i in device_ids]
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, execution_devices=devices)
@@ -162,6 +163,32 @@ def _store(compiled: Any, path: Path) -> None:
     except OSError:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
+        return
+    _prune(path.parent, keep=path)
+
+
+# Every change of the package's source keys new entries, so the folder is kept to this size: the entries
+# read or written longest ago go first.
+MAX_BYTES = 2 * 1024**3
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Delete the entries used longest ago until the folder is within MAX_BYTES, all but `keep`."""
+    try:
+        entries = [(e.stat().st_mtime, e.stat().st_size, e) for e in folder.glob("*.executable")]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in sorted(entries, key=lambda item: item[0]):
+        if total <= MAX_BYTES:
+            return
+        if entry == keep:
+            continue
+        try:
+            entry.unlink(missing_ok=True)
+        except OSError:
+            return
+        total -= size
 
 
 def argument_signature(args: tuple) -> str:

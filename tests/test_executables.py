@@ -158,6 +158,20 @@ def test_a_program_calling_a_library_kernel_is_not_stored(tmp_path, monkeypatch)
     assert not any(tmp_path.iterdir())
 
 
+def test_the_folder_keeps_the_entries_used_last_within_its_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(executables, "_folder", tmp_path)
+    old = tmp_path / "old.executable"
+    old.write_bytes(b"x" * 100)
+    os.utime(old, (1, 1))
+    monkeypatch.setattr(executables, "MAX_BYTES", 100)
+
+    def double(x):
+        return 2 * x
+
+    assert float(executables.jit(double)(1.0)) == 2.0
+    assert not old.exists() and len(list(tmp_path.iterdir())) == 1
+
+
 def test_an_unreadable_entry_is_compiled_again_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setattr(executables, "_folder", tmp_path)
 
