@@ -10,7 +10,8 @@ A generated table sits between two markers that the generator owns:
 (each record gains its folder's name as `source`, a field `by` and `where` can use, and its end-of-run
 values, `maskjax.probes.end_of_run`);
 `where=field:value;field:value` keeps the records whose field prints as value (a value may be a `|`
-list of choices); the other parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
+list of choices); `method_as=FOLDER:NAME` shows a folder's records as method NAME (`method_as`); the other
+parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
 every block from its records; `experiments.audit` fails on any page where that changes a character.
 """
 
@@ -247,7 +248,23 @@ def render(kind: str, params: dict[str, str], folder: Path, kinds: dict[str, tup
     records = records_of(folder, params["from"], params.get("where", ""))
     if not records:
         raise ConfigError(f"a {kind} table from {params['from']} where {params.get('where', '')!r} selects no record")
-    return make(records, params, folder)
+    return make(method_as(records, params.get("method_as", "")), params, folder)
+
+
+def method_as(records: Sequence[dict], renames: str) -> list[dict]:
+    """`method_as=FOLDER:NAME,...`: the records of a folder shown as method NAME, so that one method run two
+    ways (impulse at two position scales) sits beside itself in one table, each its own row or column. The
+    `where` clause has already chosen the records by their own method."""
+    by_source = {}
+    for rename in _names(renames):
+        source, sep, name = rename.partition(":")
+        if not sep or not name:
+            raise ConfigError(f"method_as takes FOLDER:NAME, got {rename!r}")
+        by_source[source] = name
+    unknown = set(by_source) - {r["source"] for r in records}
+    if unknown:
+        raise ConfigError(f"method_as names {', '.join(sorted(unknown))}, which the table's records do not come from")
+    return [{**r, "method": by_source[r["source"]]} if r["source"] in by_source else r for r in records]
 
 
 def refresh(text: str, folder: Path, kinds: dict[str, tuple[Kind, tuple[str, ...]]] | None = None) -> str:

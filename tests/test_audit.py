@@ -123,6 +123,19 @@ def test_a_bad_table_is_one_clear_line(main, tmp_path, site, block, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+def test_one_method_run_two_ways_is_paired_against_itself(site):
+    """method_as shows a second folder's vanilla as its own arm, so the two sit apart in one paired table."""
+    other = site.parent / "again"
+    other.mkdir()
+    again = [{**r, "acc_all": r["acc_all"] - 0.125} for r in RECORDS if r["method"] == "vanilla"]
+    (other / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in again))
+    params = {"from": "run,again", "where": "method:vanilla", "key": "acc_all", "reference": "vanilla", "by": "task"}
+    table = pages.render("paired", {**params, "method_as": "again:vanilla_again"}, site.parent, pages.KINDS)
+    assert "| 2parity | vanilla_again | +12.5 | 2 / 0 / 0 | 0.5 |" in table
+    with pytest.raises(ConfigError, match="do not come from"):
+        pages.render("paired", {**params, "method_as": "elsewhere:x"}, site.parent, pages.KINDS)
+
+
 def test_field_paths_and_filters():
     record = RECORDS[0]
     assert pages.field_value(record, "attention_drift.-1.0") == 0.08
