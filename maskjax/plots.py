@@ -35,7 +35,8 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
         ax.set_xticks(range(len(methods)), methods, rotation=30, ha="right")
         ax.set_title(task)
         ax.set_ylabel(f"{key} (%)")
-    axes[0][0].legend(loc="lower left", fontsize=8)
+    if axes[0][0].get_legend_handles_labels()[0]:  # the first task has a reference line
+        axes[0][0].legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
 
