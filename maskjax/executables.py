@@ -175,7 +175,7 @@ MAX_BYTES = 2 * 1024**3
 def _prune(folder: Path, keep: Path) -> None:
     """Delete the entries used longest ago until the folder is within MAX_BYTES, all but `keep`."""
     try:
-        entries = [(e.stat().st_mtime, e.stat().st_size, e) for e in folder.glob("*.executable")]
+        entries = [(stat.st_mtime, stat.st_size, e) for e in folder.glob("*.executable") for stat in [e.stat()]]
     except OSError:
         return
     total = sum(size for _, size, _ in entries)
