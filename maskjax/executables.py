@@ -23,7 +23,6 @@ import importlib.metadata
 import os
 import pickle
 import platform
-import tempfile
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 
 import jax
 import numpy as np
+
+from maskjax import files
 
 _folder: Path | None = None
 
@@ -153,16 +154,10 @@ def _store(compiled: Any, path: Path) -> None:
         blob = pickle.dumps((payload, in_tree, out_tree, [d.id for d in devices]))
     except Exception:
         return
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
+        files.write_bytes(path, blob)
     except OSError:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         return
     _prune(path.parent, keep=path)
 

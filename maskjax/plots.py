@@ -1,18 +1,19 @@
-"""Figures drawn from records, without pyplot; every file written atomically by process 0."""
+"""Figures drawn from records, without pyplot; every file written atomically by process 0. The module
+imports no JAX, so that a child of `maskjax.drawing` draws the figures that a `batch()` sends it."""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from maskjax.store import publish
+from maskjax.drawing import drawn
+from maskjax.files import replacing
 
 
+@drawn
 def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", reference: str = "mdi") -> None:
     """Accuracy per task and method with every seed shown; the reference method as a dashed line. A method
     keeps one colour and one x position in every panel, also where a task lacks some methods."""
@@ -41,6 +42,7 @@ def plot_accuracy(records: Sequence[dict], path: Path, key: str = "acc_all", ref
     save_figure(fig, path)
 
 
+@drawn
 def plot_curves(records: Sequence[dict], path: Path, *, x: str, y: str, panel: str, line: str) -> None:
     """y (in percent) against x on a log axis, one panel per value of `panel`, one line per value of `line`:
     the mean over seeds, every seed as a dot."""
@@ -67,6 +69,7 @@ DRIFT_KEYS = ("attention_drift", "attention_drift_unseen", "prior_logit_drift")
 PANELS_PER_ROW = 4
 
 
+@drawn
 def plot_drift(
     records: Sequence[dict], path: Path, keys: Sequence[str] = DRIFT_KEYS, log: bool = False, per_layer: bool = True
 ) -> None:
@@ -108,6 +111,7 @@ def plot_drift(
     save_figure(fig, path)
 
 
+@drawn
 def plot_step_curves(
     records: Sequence[dict], path: Path, keys: Sequence[str], steps_key: str = "drift_steps", log: bool = False
 ) -> None:
@@ -119,6 +123,7 @@ def plot_step_curves(
     plot_drift(as_layers, path, keys, log=log, per_layer=False)
 
 
+@drawn
 def plot_loss(records: Sequence[dict], path: Path) -> None:
     """Training loss against step on a log axis, per method: the mean over seeds, the seed range shaded.
     Runs without a finite `train_loss_curve` (diverged, or written before it was recorded) are left out."""
@@ -127,6 +132,7 @@ def plot_loss(records: Sequence[dict], path: Path) -> None:
         plot_step_curves(curves, path, ("train_loss_curve",), steps_key="train_loss_steps", log=True)
 
 
+@drawn
 def plot_matrices(
     matrices: dict[str, np.ndarray], path: Path, labels: Sequence[str] | None = None, columns: int = 2
 ) -> None:
@@ -146,6 +152,7 @@ def plot_matrices(
     save_figure(fig, path)
 
 
+@drawn
 def plot_heatmap(grid: np.ndarray, rows: Sequence[str], columns: Sequence[str], path: Path, title: str) -> None:
     """A labelled heat map with each cell's value written in it."""
     fig, axes = figure(1, 1, 1.2 * len(columns) + 2, 1.0 * len(rows) + 1.5)
@@ -173,18 +180,20 @@ def figure(rows: int, columns: int, width: float, height: float):
 
 
 def save_figure(fig, path: Path) -> None:
-    if jax.process_index() != 0:
+    if not _is_process_zero():
         return
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
+    with replacing(Path(path), ".png") as tmp:
         fig.savefig(tmp, dpi=110)
-        publish(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
+def _is_process_zero() -> bool:
+    """Process 0 of a multi-host JAX job draws; an interpreter that never imported JAX (a drawing child,
+    whose parent is process 0) is in no such job."""
+    jax = sys.modules.get("jax")
+    return jax is None or jax.process_index() == 0
+
+
+@drawn
 def plot_effects(effects: Sequence[dict], path: Path) -> None:
     """One panel per family: each effect's mean paired difference with its 95% interval, zero marked; a
     family's panel has its own units (points of accuracy, or bits per byte)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import jax
 
-from maskjax import overrides, store
+from maskjax import drawing, overrides, store
 from maskjax.checkpoint import SweepCheckpoints
 from maskjax.errors import ConfigError
 from maskjax.study import Group, Plan, Study, group_name
@@ -303,6 +303,13 @@ def flat_sweep_record(sweep: dict) -> dict:
     }
 
 
+def draw(study: Study, plan: Plan, records: list[dict], reference: list[dict], maps: Callable) -> None:
+    """The study's figures, as one `drawing.batch`: on the drawing children, side by side, where a CLI
+    started them."""
+    with drawing.batch():
+        study.plot(plan, records, reference, maps)
+
+
 def run(
     study: Study,
     config: Any,
@@ -360,7 +367,7 @@ def run(
         write,
         control,
         log,
-        lambda records: study.plot(plan, records, reference, maps),
+        lambda records: draw(study, plan, records, reference, maps),
         defaults=field_defaults(config),
     )
     return Result(out, records, reference, write(out, records))

@@ -12,19 +12,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from maskjax import files
 from maskjax.errors import ConfigError, OutputFolderError
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def publish(tmp: str, path: Path) -> None:
-    """Give the temp file the mode a plain open() would have (mkstemp makes it 0600), then rename it."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -34,17 +23,7 @@ def write_atomic(path: Path, text: str) -> None:
     """
     if jax.process_index() != 0:
         return
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    files.write_bytes(path, text.encode("utf-8"))
 
 
 def write_jsonl(path: Path, records: Iterable[dict]) -> None:
@@ -58,13 +37,8 @@ def write_maps(path: Path, maps: dict[str, np.ndarray]) -> None:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
-    os.close(fd)
-    try:
+    with files.replacing(path, ".npz") as tmp:
         np.savez_compressed(tmp, **{k: np.asarray(v, np.float16) for k, v in maps.items()})
-        publish(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def read_maps(path: Path) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maskjax import store
+from maskjax import files, store
 from maskjax.checkpoint import CheckpointError, SweepCheckpoints
 from maskjax.train import RunState
 
@@ -96,4 +96,4 @@ def test_environment_names_the_checkouts_commit_and_the_devices(tmp_path, monkey
 def test_results_files_get_ordinary_permissions(tmp_path):
     path = tmp_path / "summary.md"
     store.write_atomic(path, "x")
-    assert path.stat().st_mode & 0o777 == 0o666 & ~store._umask()
+    assert path.stat().st_mode & 0o777 == 0o666 & ~files._umask()

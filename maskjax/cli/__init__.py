@@ -30,17 +30,29 @@ COMMANDS = {
 }
 
 
+# The studies, whose figures `maskjax.drawing`'s children draw: started before JAX is imported, they
+# load matplotlib on a core the parent leaves idle.
+STUDIES = ("boolean", "arithmetic", "vision", "language")
+
+
 def run(command: str, argv: list[str] | None = None) -> int:
     """Run one program with `argv` (None: the process's own arguments), under `driver.run_main`'s error
     policy; a missing `studies` extra is bad input like any other (one line, exit 2)."""
-    from maskjax.cli.driver import run_main
-    from maskjax.extras import require_studies
+    from maskjax import drawing
 
-    def main(args: list[str] | None) -> int:
-        require_studies(f"maskjax {command}")
-        return importlib.import_module(f"maskjax.cli.{command}").main(args)
+    if command in STUDIES:
+        drawing.start()
+    try:
+        from maskjax.cli.driver import run_main
+        from maskjax.extras import require_studies
 
-    return run_main(main, argv)
+        def main(args: list[str] | None) -> int:
+            require_studies(f"maskjax {command}")
+            return importlib.import_module(f"maskjax.cli.{command}").main(args)
+
+        return run_main(main, argv)
+    finally:
+        drawing.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

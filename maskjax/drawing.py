@@ -1,0 +1,194 @@
+"""Figures drawn by child interpreters, one per core, beside the run.
+
+A study's CLI starts the children first (`start`), before it imports JAX: at a low priority they import
+matplotlib and load its fonts on cores the parent leaves idle, and when the run ends they draw its figures
+side by side instead of one after another in the parent. Inside `batch()` a call of a `drawn` function is
+queued, and the batch's end hands the queue to the children and waits for every file. Without children
+(a notebook, a test, a child that would not start) each figure is drawn where it is called. A figure a
+child fails on, or does not finish because it died, is drawn again in the parent, so a bug raises there
+with its own traceback.
+
+The children import no JAX: `maskjax` loads its public names lazily, and `maskjax.plots` and
+`maskjax.files` need only numpy and matplotlib.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import functools
+import io
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+MAX_CHILDREN = 4
+_HEADER = struct.Struct("<Q")
+_ROOT = Path(__file__).resolve().parent.parent  # the folder the children import maskjax from, as the parent
+
+
+class _Child:
+    def __init__(self) -> None:
+        code = f"import sys; sys.path.insert(0, {str(_ROOT)!r}); from maskjax.drawing import serve; serve()"
+        self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def send(self, job: tuple) -> None:
+        _write(self.process.stdin, pickle.dumps(job))
+
+    def receive(self) -> str | None:
+        """None when the job was drawn; the child's traceback when it failed. EOFError when the child died."""
+        return pickle.loads(_read(self.process.stdout))
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+_children: list[_Child] = []
+_queue: list[tuple] | None = None  # the open batch's calls: (function, args, kwargs)
+
+
+def start(count: int | None = None) -> None:
+    """Start `count` children (default: one per core, at most MAX_CHILDREN) unless some are running; if
+    they cannot be started, figures are drawn in place."""
+    if _children:
+        return
+    count = min(os.cpu_count() or 1, MAX_CHILDREN) if count is None else count
+    try:
+        for _ in range(count):
+            _children.append(_Child())
+    except OSError:
+        stop()
+
+
+def stop() -> None:
+    """End the children; a batch already finished has every file written, so nothing is lost."""
+    while _children:
+        _children.pop().stop()
+
+
+atexit.register(stop)
+
+
+def drawn(fn: Callable[..., None]) -> Callable[..., None]:
+    """Queue calls of `fn` (a module-level function that writes a file and returns nothing; its arguments
+    picklable) inside `batch()` while children run; call it in place otherwise."""
+
+    @functools.wraps(fn)
+    def queued(*args: Any, **kwargs: Any) -> None:
+        if _queue is None or not _children:
+            fn(*args, **kwargs)
+        else:
+            _queue.append((queued, args, kwargs))
+
+    return queued
+
+
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """Collect the `drawn` calls of the block, then draw them on the children and wait for every file."""
+    global _queue
+    if _queue is not None:  # nested: the outer batch draws
+        yield
+        return
+    _queue = []
+    try:
+        yield
+        jobs = _queue
+    finally:
+        _queue = None
+    for fn, args, kwargs in _draw_on_children(jobs):
+        fn(*args, **kwargs)
+
+
+def _draw_on_children(jobs: list[tuple]) -> list[tuple]:
+    """Hand each idle child the next job until all are drawn; return those to draw again in the parent (a
+    child failed on them or died drawing them)."""
+    waiting, busy, again = collections.deque(jobs), {}, []
+    while waiting or busy:
+        for child in [c for c in _children if c not in busy]:
+            if not waiting:
+                break
+            job = waiting.popleft()
+            try:
+                child.send(job)
+                busy[child] = job
+            except OSError:
+                again.append(job)
+                _drop(child)
+        if not busy:
+            break
+        ready, _, _ = select.select([c.process.stdout for c in busy], [], [])
+        for child in [c for c in busy if c.process.stdout in ready]:
+            job = busy.pop(child)
+            try:
+                failure = child.receive()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                failure = "died"
+                _drop(child)
+            if failure is not None:
+                again.append(job)
+    return again + list(waiting)
+
+
+def _drop(child: _Child) -> None:
+    child.stop()
+    if child in _children:
+        _children.remove(child)
+
+
+def _write(pipe: BinaryIO, payload: bytes) -> None:
+    pipe.write(_HEADER.pack(len(payload)) + payload)
+    pipe.flush()
+
+
+def _read(pipe: BinaryIO) -> Any:
+    header = pipe.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        raise EOFError
+    payload = pipe.read(_HEADER.unpack(header)[0])
+    if len(payload) < _HEADER.unpack(header)[0]:
+        raise EOFError
+    return payload
+
+
+def serve() -> None:
+    """The child: warm matplotlib up, then draw each job read from stdin and answer on stdout (None, or the
+    traceback of a failure). Anything the figure code prints goes to stderr."""
+    jobs, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr
+    with contextlib.suppress(OSError):
+        os.nice(10)
+    _warm_up()
+    while True:
+        try:
+            fn, args, kwargs = pickle.loads(_read(jobs))
+        except EOFError:
+            return
+        try:
+            fn(*args, **kwargs)
+            answer = None
+        except Exception:
+            answer = traceback.format_exc()
+        _write(answers, pickle.dumps(answer))
+
+
+def _warm_up() -> None:
+    """Import numpy and matplotlib and draw one small labelled figure, which loads the fonts."""
+    import numpy  # noqa: F401  (the figure code's other import)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.0, 1.0))
+    fig.subplots().set_title("warm")
+    fig.savefig(io.BytesIO(), format="png")
