@@ -9,6 +9,7 @@ before it used.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -18,7 +19,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from maskjax.errors import ConfigError
@@ -75,6 +75,13 @@ def _rewrap_keys(raw: Any, like: Any) -> Any:
 READ_ERRORS = (OSError, ValueError, KeyError, EOFError)
 
 
+def _orbax():
+    """orbax.checkpoint, imported on first use (0.1-0.15 s that a run too short to checkpoint does not need)."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
 class SweepCheckpoints:
     """Checkpoints of one vmapped group under `directory`, the last `keep` kept.
 
@@ -94,9 +101,16 @@ class SweepCheckpoints:
         self.last_save = time.monotonic()
         self.directory = Path(directory).absolute()
         self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False, create=True)
+        self.keep = keep
+
+    @functools.cached_property
+    def manager(self):
+        """Orbax's manager, made (and orbax imported) when a checkpoint is first written or read: a run too
+        short to save one never pays for either."""
+        ocp = _orbax()
+        options = ocp.CheckpointManagerOptions(max_to_keep=self.keep, enable_async_checkpointing=False, create=True)
         with _absl_quiet():
-            self.manager = ocp.CheckpointManager(self.directory, options=options)
+            return ocp.CheckpointManager(self.directory, options=options)
 
     def due(self, done: int, previous: int) -> bool:
         """Save after this chunk? Every `every_steps` steps if set, else once `every_seconds` have passed by
@@ -115,6 +129,7 @@ class SweepCheckpoints:
         saveable = jax.tree.map(to_host, _to_saveable(state, history))
         shapes = {name: list(v.shape) for name, v in history.items()}
         meta = {"step": step, "fingerprint": self.fingerprint, "history_shapes": shapes, "layout": _layout(state)}
+        ocp = _orbax()
         self.manager.save(
             step, args=ocp.args.Composite(state=ocp.args.StandardSave(saveable), meta=ocp.args.JsonSave(meta))
         )
@@ -127,6 +142,7 @@ class SweepCheckpoints:
         host arrays shaped like `like`. A checkpoint of another config or layout raises CheckpointError; a
         file that fails to read falls back to the previous checkpoint, and when none is readable that is a
         CheckpointError too: a resumed batch never silently restarts from step 0."""
+        ocp = _orbax()
         with _absl_quiet():
             self.manager.reload()
             steps = sorted(self.manager.all_steps(), reverse=True)
