@@ -38,7 +38,11 @@ _ROOT = Path(__file__).resolve().parent.parent  # the folder the children import
 class _Child:
     def __init__(self) -> None:
         code = f"import sys; sys.path.insert(0, {str(_ROOT)!r}); from maskjax.drawing import serve; serve()"
-        self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # In a session of its own, the child is not sent the terminal's Ctrl-C: the parent reports that (and
+        # ends the children), and a child that outlives the parent reads the end of its stdin and exits.
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
 
     def send(self, job: tuple) -> None:
         _write(self.process.stdin, pickle.dumps(job))
@@ -62,7 +66,7 @@ _queue: list[tuple] | None = None  # the open batch's calls: (function, args, kw
 def start(count: int | None = None) -> None:
     """Start `count` children (default: one per core, at most MAX_CHILDREN) unless some are running; if
     they cannot be started, figures are drawn in place."""
-    if _children:
+    if _children or os.name != "posix":  # the batch waits on the children's pipes with select()
         return
     count = min(os.cpu_count() or 1, MAX_CHILDREN) if count is None else count
     try:
@@ -165,7 +169,7 @@ def _read(pipe: BinaryIO) -> Any:
 
 def serve() -> None:
     """The child: warm matplotlib up, then draw each job read from stdin and answer on stdout (None, or the
-    traceback of a failure). Anything the figure code prints goes to stderr."""
+    traceback of a failure) until stdin closes. Anything the figure code prints goes to stderr."""
     jobs, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr
     with contextlib.suppress(OSError):

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -62,6 +63,19 @@ def test_figures_of_a_child_that_died_are_drawn_in_the_parent(tmp_path, children
         draw_all(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drift.png", "loss.png", "maps.png"]
     assert children == []
+
+
+def test_the_terminals_ctrl_c_reaches_the_parent_only(children):
+    """The children run in sessions of their own, so Ctrl-C is the parent's to report, with no child's
+    traceback beside it."""
+    assert all(os.getpgid(c.process.pid) != os.getpgrp() for c in children)
+
+
+def test_a_child_outliving_its_parent_exits():
+    child = drawing._Child()
+    child.process.stdin.close()  # what the parent's death does to the pipe
+    assert child.process.wait(timeout=60) == 0
+    child.process.stdout.close()
 
 
 def test_a_batch_that_raises_draws_nothing(tmp_path, children):
