@@ -221,9 +221,15 @@ def select(records: Sequence[dict], where: str) -> list[dict]:
 def with_derived(record: dict, source: str) -> dict:
     """The record with its folder's name as `source` (unless it has one), its end-of-run values
     (`maskjax.probes.end_of_run`: the drifts, mask changes and gradient norms `experiments.probes` prints),
-    and how much its training loss still fell over the last tenth (`train_loss_fall`, for records written
-    before they carried it)."""
+    how much its training loss still fell over the last tenth (`train_loss_fall`, for records written
+    before they carried it) and, for a Boolean run, its accuracy on the seen points (`acc_seen`, which
+    issue 43's Cyclic3 floor reads)."""
+    from maskjax.studies import boolean_rules
+    from maskjax.tasks.boolean import TASKS
+
     derived = {"train_loss_fall": runs.loss_fall(record)} if record.get("train_loss_curve") else {}
+    if record.get("task") in TASKS:
+        derived["acc_seen"] = boolean_rules.seen_accuracy(record)
     return {"source": source, **probes.end_of_run(record), **derived, **record}
 
 

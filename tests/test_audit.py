@@ -261,6 +261,10 @@ def test_the_cyclic3_floor_reads_the_seen_points_from_the_whole_cube_and_the_uns
     assert audit.main([str(page), "--write"]) == 0
     seeds = " | ".join(["97.50"] * 6 + ["96.90", "91.43"])
     assert f"| w64d4 | cyclic3 | {seeds} | seen >= 97 | 6/8 | passes |" in page.read_text()
+    # every table reads it as acc_seen, a Boolean record's derived field
+    page.write_text("<!-- table per-seed: from=w64d4 key=acc_seen by=method -->\n<!-- end table -->\n")
+    assert audit.main([str(page), "--write"]) == 0
+    assert f"| vanilla | {seeds} |" in page.read_text()
 
 
 def test_decay_alone_is_the_closed_form_of_adamw_with_a_zero_gradient(tmp_path):
