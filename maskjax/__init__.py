@@ -12,7 +12,6 @@ import importlib.util
 _HOMES = {
     "maskjax.attention": (
         "MaskedSelfAttention",
-        "NNXMaskedSelfAttention",
         "attention_weights",
         "check_mask_logits",
         "extend_relative_mask",
@@ -22,7 +21,6 @@ _HOMES = {
     ),
     "maskjax.bias": (
         "MaskBias",
-        "NNXMaskBias",
         "add_attention_bias",
         "attention_bias",
         "bias_layout",
@@ -33,6 +31,7 @@ _HOMES = {
         "with_mask_params",
     ),
     "maskjax.errors": ("ConfigError",),
+    "maskjax.nnx_modules": ("NNXMaskBias", "NNXMaskedSelfAttention"),
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

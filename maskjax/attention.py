@@ -1,8 +1,8 @@
 """Attention with a learnable additive logit bias: softmax(QK^T/sqrt(d) + log_sigmoid(M)).
 
 `masked_attention` is the whole method as one pure function. `MaskedSelfAttention`
-(Flax linen) and `NNXMaskedSelfAttention` (Flax NNX) only add parameters around it,
-so either can be dropped into another model with one import; `maskjax.bias` puts the same
+(Flax linen) and `maskjax.nnx_modules.NNXMaskedSelfAttention` (Flax NNX) only add parameters around
+it, so either can be dropped into another model with one import; `maskjax.bias` puts the same
 bias into Flax's own attention modules instead.
 """
 
@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
-from flax import nnx
 
 from maskjax.errors import ConfigError
 
@@ -402,24 +401,6 @@ def linen_mask_logits(
     return module.variable("constants", "mask_logits", init, key, shape, jnp.float32).value
 
 
-class FixedMask(nnx.Variable):
-    """An NNX variable the optimizer does not see (filter on nnx.Param)."""
-
-
-def nnx_mask_logits(
-    mask_mode: MaskMode, mask_init: MaskInit | jax.Array | np.ndarray | None, shape: tuple, rngs: nnx.Rngs
-) -> nnx.Variable | None:
-    """The NNX twin of `linen_mask_logits`: an nnx.Param, a `FixedMask`, or None."""
-    check_mask_mode(mask_mode)
-    if mask_mode == "none":
-        return None
-    # Only a random initializer draws a key: an array or zeros consume none, so the host's later parameters
-    # initialise as they would without the mask (as in linen, whose keys do not depend on call order).
-    key = rngs.params() if callable(mask_init) else None
-    value = as_initializer(mask_init)(key, shape, jnp.float32)
-    return nnx.Param(value) if mask_mode == "learnable" else FixedMask(value)
-
-
 def mask_shape(mask_structure: MaskStructure, heads: int, length: int, causal: bool = True) -> tuple[int, ...]:
     """The stored shape of a mask: [heads, N, N] (full), [heads, N] (causal relative: distances 0..N - 1) or
     [heads, 2 N - 1] (relative, a logit per past and future offset)."""
@@ -549,69 +530,3 @@ class MaskedSelfAttention(nn.Module):
             **dense,
         )(out.astype(x_BLD.dtype))
         return out.astype(x_BLD.dtype)
-
-
-class NNXMaskedSelfAttention(nnx.Module):
-    """The NNX twin of `MaskedSelfAttention`: same options, parameter layout and numerics.
-
-    `__call__(x, sow_weights=True)` sows the attention weights and q.k logits as `nnx.Intermediate`
-    (read them with `nnx.capture(module, nnx.Intermediate)(x, sow_weights=True)`); a fixed mask is a
-    `FixedMask` variable.
-    """
-
-    def __init__(
-        self,
-        features: int,
-        heads: int,
-        head_dim: int,
-        length: int,
-        *,
-        mask_mode: MaskMode = "none",
-        mask_init: MaskInit | jax.Array | np.ndarray | None = None,
-        mask_scale: float = 1.0,
-        out_features: int | None = None,
-        kernel_init: Callable = torch_linear_init,
-        dtype: jnp.dtype | str | None = None,
-        param_dtype: jnp.dtype | str = jnp.float32,
-        qk_norm: bool = False,
-        causal: bool = False,
-        attention_impl: AttentionImpl = "auto",
-        mask_structure: MaskStructure = "full",
-        rngs: nnx.Rngs,
-    ):
-        self.heads, self.head_dim, self.mask_scale = heads, head_dim, mask_scale
-        self.causal, self.attention_impl = causal, attention_impl
-        dense = {"kernel_init": kernel_init, "dtype": dtype, "param_dtype": param_dtype, "rngs": rngs}
-        self.qkv = nnx.LinearGeneral(features, (3, heads, head_dim), use_bias=False, **dense)
-        self.out = nnx.LinearGeneral(
-            (heads, head_dim),
-            out_features or features,
-            axis=(-2, -1),
-            bias_init=torch_bias_init(heads * head_dim),
-            **dense,
-        )
-        norm = {"epsilon": 1e-5, "param_dtype": param_dtype, "rngs": rngs}
-        self.q_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
-        self.k_norm = nnx.LayerNorm(head_dim, **norm) if qk_norm else None
-        self.mask_logits = nnx_mask_logits(
-            mask_mode, mask_init, causal_mask_shape(mask_structure, heads, length, causal), rngs
-        )
-
-    def __call__(self, x_BLD: jax.Array, bias: jax.Array | None = None, *, sow_weights: bool = False) -> jax.Array:
-        qkv = self.qkv(x_BLD)
-        q, k, v = split_qkv(qkv)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        mask = None if self.mask_logits is None else expand_mask(self.mask_logits[...], x_BLD.shape[-2])
-        path = attention_path(self.attention_impl, sow_weights, bias)
-        if path is not None:
-            out = path(q, k, v, mask, mask_scale=self.mask_scale, causal=self.causal, bias=bias)
-        else:
-            logits_BHQK = qk_logits(q, k)
-            biased_BHQK = logits_BHQK if bias is None else logits_BHQK + jnp.asarray(bias, logits_BHQK.dtype)
-            weights = biased_softmax(biased_BHQK, mask, self.mask_scale, self.causal)
-            if sow_weights:
-                self.sow(nnx.Intermediate, "qk_logits", logits_BHQK)
-                self.sow(nnx.Intermediate, "attention", weights)
-            out = attend(weights, v)
-        return self.out(out.astype(x_BLD.dtype)).astype(x_BLD.dtype)

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import linen as nn
-from flax import nnx
 
 from maskjax.attention import (
     MaskInit,
@@ -27,7 +26,6 @@ from maskjax.attention import (
     linen_mask_logits,
     mask_bias,
     mask_shape,
-    nnx_mask_logits,
     relative_logits,
 )
 from maskjax.errors import ConfigError
@@ -333,77 +331,6 @@ class MaskBias(nn.Module):
             causal=self.causal,
             layout=self.layout,
         )
-
-
-class NNXMaskBias(nnx.Module):
-    """The NNX twin of `MaskBias`: an attention_fn that owns the mask (nnx.Param, or `FixedMask` when fixed).
-
-    attention = nnx.MultiHeadAttention(heads, features, decode=False,
-                                       attention_fn=NNXMaskBias(heads, length, mask_init=prior, rngs=rngs),
-                                       rngs=rngs)
-
-    mask_structure, causal, layout: as `MaskBias`. decode: the decode steps' query positions come from
-    `cache_index`, an nnx.Cache variable (as nnx.MultiHeadAttention keeps its own) that each call
-    advances by its number of queries; `init_cache()` sets it to 0 for a new sequence, and
-    `nnx.view(model, decode=True, ...)` switches this module too. query_positions, when given, win over it.
-    """
-
-    def __init__(
-        self,
-        heads: int,
-        length: int,
-        *,
-        mask_mode: MaskMode = "learnable",
-        mask_init: MaskInit | jax.Array | np.ndarray | None = None,
-        mask_scale: float = 1.0,
-        attention_fn: Callable = nnx.dot_product_attention,
-        mask_structure: MaskStructure = "full",
-        causal: bool = True,
-        decode: bool = False,
-        layout: BiasLayout = "BHQK",
-        rngs: nnx.Rngs,
-    ):
-        check_bias_mode("NNXMaskBias", mask_mode)
-        check_layout(layout)
-        self.mask_scale, self.attention_fn = mask_scale, attention_fn
-        self.mask_structure, self.causal, self.layout = mask_structure, causal, layout
-        shape = mask_shape(mask_structure, heads, length, causal)
-        self.mask_logits = nnx_mask_logits(mask_mode, mask_init, shape, rngs)
-        self.decode = decode
-        self.cache_index = nnx.data(None)
-        if decode:
-            self.init_cache()
-
-    def init_cache(self, *args: object, **kwargs: object) -> None:
-        """Start a new sequence: the next decode step is position 0 (arguments, as MultiHeadAttention's
-        init_cache takes them, are ignored)."""
-        del args, kwargs
-        self.cache_index = nnx.Cache(jnp.array(0, jnp.int32))
-
-    def set_view(self, decode: bool | None = None) -> None:
-        """For `nnx.view(model, decode=...)`: switch decoding on or off (a cache index is made if none is)."""
-        if decode is not None:
-            self.decode = decode
-            if decode and self.cache_index is None:
-                self.init_cache()
-
-    def __call__(self, query, key, value, bias=None, mask=None, *, query_positions=None, **kwargs):
-        if query_positions is None and self.decode:
-            if self.cache_index is None:
-                raise ConfigError("NNXMaskBias has decode=True but no cache index: call init_cache() first")
-            start = self.cache_index[...]
-            query_positions = start + jnp.arange(query.shape[-3])
-            self.cache_index[...] = start + query.shape[-3]
-        biased = with_mask_bias(
-            self.mask_logits[...],
-            mask_scale=self.mask_scale,
-            attention_fn=self.attention_fn,
-            query_positions=query_positions,
-            mask_structure=self.mask_structure,
-            causal=self.causal,
-            layout=self.layout,
-        )
-        return biased(query, key, value, bias=bias, mask=mask, **kwargs)
 
 
 MASK_PARAM = "mask_logits"

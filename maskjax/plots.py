@@ -78,6 +78,8 @@ def plot_drift(
     key, [steps][layers] values; `per_layer=False` titles the panels by key, for curves with one value a step.
     A method keeps one colour in every panel, also where only some methods carry a key (the masks' own
     curves), so one legend reads them all."""
+    from matplotlib.ticker import FuncFormatter
+
     records = [r for r in records if r.get("drift_steps")]
     methods = list(dict.fromkeys(r["method"] for r in records))
     keys = [k for k in keys if any(k in r for r in records)]
@@ -103,6 +105,8 @@ def plot_drift(
             ax.set_title(f"layer {layer}" if per_layer else key, fontsize=9)
             if log:
                 ax.set_yscale("symlog", linthresh=1e-8)
+                # Plain "-1e-08" labels: the default's mathtext labels were a third of the figure's time.
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0e}" if value else "0"))
             ax.set_xlabel("step")
             ax.set_ylabel(key, fontsize=8)
     if layers:

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import maskjax
-from maskjax.attention import MaskedSelfAttention, NNXMaskedSelfAttention
+from maskjax.attention import MaskedSelfAttention
+from maskjax.nnx_modules import NNXMaskedSelfAttention
 
 
 def numpy_attention(q, k, v, m, scale=1.0):

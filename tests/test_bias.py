@@ -9,7 +9,8 @@ from flax import nnx
 
 import maskjax
 from maskjax import mask_patterns
-from maskjax.bias import MaskBias, NNXMaskBias, with_mask_bias
+from maskjax.bias import MaskBias, with_mask_bias
+from maskjax.nnx_modules import NNXMaskBias
 
 HEADS, LENGTH, FEATURES = 2, 6, 8
 PATTERN = np.asarray(mask_patterns.mask_logits(np.tril(np.ones((LENGTH, LENGTH), bool)), 4.0, -4.0))

@@ -13,7 +13,6 @@ from flax import nnx
 import maskjax
 from maskjax.bias import (
     MaskBias,
-    NNXMaskBias,
     add_attention_bias,
     attention_bias,
     bias_layout,
@@ -21,6 +20,7 @@ from maskjax.bias import (
     freeze_fixed_masks,
     with_mask_bias,
 )
+from maskjax.nnx_modules import NNXMaskBias
 
 HEADS, LENGTH, FEATURES, HEAD_DIM = 2, 6, 8, 4
 RELATIVE = np.random.default_rng(0).normal(size=(HEADS, LENGTH)) * 3.0  # causal: distances 0..5

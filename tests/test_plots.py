@@ -110,3 +110,18 @@ def test_loss_plot_leaves_out_runs_without_a_finite_curve(tmp_path):
     assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
     plots.plot_loss([{"method": "vanilla", "train_loss": 0.1}], tmp_path / "old.png")
     assert not (tmp_path / "old.png").exists()
+
+
+def test_log_axes_label_their_ticks_in_plain_signed_text(tmp_path, monkeypatch):
+    """Symlog ticks read "-1e-08", not mathtext (a third of a figure's time): the sign must survive."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    drawn = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: drawn.append(fig))
+    records = [{"method": "vanilla", "drift_steps": [0, 10], "grad_norm_mask": [[0.0], [0.0]]}]
+    plots.plot_drift(records, tmp_path / "g.png", ["grad_norm_mask"], log=True)
+    (fig,) = drawn
+    FigureCanvasAgg(fig).draw()
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels() if t.get_text()]
+    assert "0" in labels and "1e-01" in labels and "-1e-01" in labels
+    assert not any("$" in label for label in labels)
