@@ -43,7 +43,7 @@ def __getattr__(name: str):
     """A public name from its module, or a submodule (`maskjax.attention.mask_shape` after `import maskjax`)."""
     if name in _HOME:
         value = getattr(importlib.import_module(_HOME[name]), name)
-    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+    elif name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         value = importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module 'maskjax' has no attribute {name!r}")

@@ -18,10 +18,12 @@ import atexit
 import collections
 import contextlib
 import functools
+import importlib.util
 import io
 import os
 import pickle
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -31,27 +33,40 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 MAX_CHILDREN = 4
+# A child that draws nothing for this long is taken to hang: it is ended and its figure drawn in the parent.
+STALL_SECONDS = 600.0
 _HEADER = struct.Struct("<Q")
-_ROOT = Path(__file__).resolve().parent.parent  # the folder the children import maskjax from, as the parent
+_MAX_MESSAGE = 1 << 31  # a longer "message" is a corrupted pipe, not a job or an answer
+_ROOT = str(Path(__file__).resolve().parent.parent)  # where the parent imported maskjax from
 
 
 class _Child:
     def __init__(self) -> None:
-        code = f"import sys; sys.path.insert(0, {str(_ROOT)!r}); from maskjax.drawing import serve; serve()"
+        # The child imports maskjax from where the parent did: from a checkout not on its path, put first.
+        code = (
+            f"import sys; {_ROOT!r} in sys.path or sys.path.insert(0, {_ROOT!r}); "
+            "from maskjax.drawing import serve; serve()"
+        )
         # In a session of its own, the child is not sent the terminal's Ctrl-C: the parent reports that (and
         # ends the children), and a child that outlives the parent reads the end of its stdin and exits.
         self.process = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
         )
 
-    def send(self, job: tuple) -> None:
-        _write(self.process.stdin, pickle.dumps(job))
+    def send(self, message: bytes) -> None:
+        _write(self.process.stdin, message)
 
     def receive(self) -> str | None:
         """None when the job was drawn; the child's traceback when it failed. EOFError when the child died."""
         return pickle.loads(_read(self.process.stdout))
 
-    def stop(self) -> None:
+    def stop(self, busy: bool = False) -> None:
+        """End the child: an idle one at once; a busy one (a batch interrupted) by SIGTERM first, which it turns
+        into SystemExit, so the figure it was writing leaves no temp file behind."""
+        if busy:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
         self.process.kill()
         self.process.wait()
         for pipe in (self.process.stdin, self.process.stdout):
@@ -64,11 +79,13 @@ _queue: list[tuple] | None = None  # the open batch's calls: (function, args, kw
 
 
 def start(count: int | None = None) -> None:
-    """Start `count` children (default: one per core, at most MAX_CHILDREN) unless some are running; if
-    they cannot be started, figures are drawn in place."""
-    if _children or os.name != "posix":  # the batch waits on the children's pipes with select()
+    """Start `count` children (default: one per core this process may use, at most MAX_CHILDREN) unless
+    some are running; where they cannot be started (no matplotlib, no POSIX pipes to select() on, no
+    process to spare), figures are drawn in place."""
+    if _children or os.name != "posix" or importlib.util.find_spec("matplotlib") is None:
         return
-    count = min(os.cpu_count() or 1, MAX_CHILDREN) if count is None else count
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    count = min(cores, MAX_CHILDREN) if count is None else count
     try:
         for _ in range(count):
             _children.append(_Child())
@@ -118,36 +135,48 @@ def batch() -> Iterator[None]:
 
 def _draw_on_children(jobs: list[tuple]) -> list[tuple]:
     """Hand each idle child the next job until all are drawn; return those to draw again in the parent (a
-    child failed on them or died drawing them)."""
+    job that does not pickle, one a child failed on, hung on or died drawing). Interrupted (Ctrl-C, an
+    error), it ends the busy children, whose answers would otherwise answer a later batch's jobs."""
     waiting, busy, again = collections.deque(jobs), {}, []
-    while waiting or busy:
-        for child in [c for c in _children if c not in busy]:
-            if not waiting:
+    try:
+        while waiting or busy:
+            for child in [c for c in _children if c not in busy]:
+                if not waiting:
+                    break
+                job = waiting.popleft()
+                try:
+                    message = pickle.dumps(job)
+                except Exception:  # an argument that does not pickle: the parent draws it
+                    again.append(job)
+                    continue
+                try:
+                    child.send(message)
+                    busy[child] = job
+                except OSError:
+                    again.append(job)
+                    _drop(child)
+            if not busy:
                 break
-            job = waiting.popleft()
-            try:
-                child.send(job)
-                busy[child] = job
-            except OSError:
-                again.append(job)
-                _drop(child)
-        if not busy:
-            break
-        ready, _, _ = select.select([c.process.stdout for c in busy], [], [])
-        for child in [c for c in busy if c.process.stdout in ready]:
-            job = busy.pop(child)
-            try:
-                failure = child.receive()
-            except (EOFError, OSError, pickle.UnpicklingError):
-                failure = "died"
-                _drop(child)
-            if failure is not None:
-                again.append(job)
+            ready, _, _ = select.select([c.process.stdout for c in busy], [], [], STALL_SECONDS)
+            for child in list(busy) if not ready else [c for c in busy if c.process.stdout in ready]:
+                job = busy.pop(child)
+                try:
+                    failure = child.receive() if ready else "stalled"
+                except Exception:  # died, or wrote something that is not an answer
+                    failure = "died"
+                if failure is not None:
+                    again.append(job)
+                if failure in ("died", "stalled"):
+                    _drop(child, busy=failure == "stalled")
+    except BaseException:
+        for child in busy:
+            _drop(child, busy=True)
+        raise
     return again + list(waiting)
 
 
-def _drop(child: _Child) -> None:
-    child.stop()
+def _drop(child: _Child, busy: bool = False) -> None:
+    child.stop(busy)
     if child in _children:
         _children.remove(child)
 
@@ -161,8 +190,11 @@ def _read(pipe: BinaryIO) -> Any:
     header = pipe.read(_HEADER.size)
     if len(header) < _HEADER.size:
         raise EOFError
-    payload = pipe.read(_HEADER.unpack(header)[0])
-    if len(payload) < _HEADER.unpack(header)[0]:
+    (size,) = _HEADER.unpack(header)
+    if size > _MAX_MESSAGE:
+        raise EOFError(f"a message of {size} bytes: the pipe is corrupted")
+    payload = pipe.read(size)
+    if len(payload) < size:
         raise EOFError
     return payload
 
@@ -170,11 +202,19 @@ def _read(pipe: BinaryIO) -> Any:
 def serve() -> None:
     """The child: warm matplotlib up, then draw each job read from stdin and answer on stdout (None, or the
     traceback of a failure) until stdin closes. Anything the figure code prints goes to stderr."""
-    jobs, answers = sys.stdin.buffer, sys.stdout.buffer
+    jobs = sys.stdin.buffer
+    # Answers go to a copy of fd 1; fd 1 itself (and sys.stdout) becomes stderr, so that nothing the figure
+    # code or a library writes to stdout, from Python or from C, lands in the answers.
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # unwinds, so a half-written figure is removed
     with contextlib.suppress(OSError):
         os.nice(10)
-    _warm_up()
+    try:
+        _warm_up()
+    except ImportError:  # no matplotlib here: answer nothing, so the parent draws every figure itself
+        return
     while True:
         try:
             fn, args, kwargs = pickle.loads(_read(jobs))

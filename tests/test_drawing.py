@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -63,6 +64,54 @@ def test_figures_of_a_child_that_died_are_drawn_in_the_parent(tmp_path, children
         draw_all(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["drift.png", "loss.png", "maps.png"]
     assert children == []
+
+
+def test_what_a_child_writes_to_stdout_does_not_reach_its_answers(tmp_path, children, monkeypatch):
+    """fd 1 of a child is its stderr: a library writing there (here os.write, as C code would) cannot
+    corrupt the answers; nor does a job that does not pickle stop the batch (the parent draws it)."""
+
+    def in_the_parent(fig, path):
+        raise AssertionError(f"{path} was drawn in the parent")
+
+    def local(path):  # a local function does not pickle
+        path.write_text("drawn here")
+
+    monkeypatch.setattr(plots, "save_figure", in_the_parent)
+    with drawing.batch():
+        for _ in range(2):
+            drawing._queue.append((os.write, (1, b"\x07" * 4096), {}))
+        drawing._queue.append((local, (tmp_path / "local.txt",), {}))
+        plots.plot_drift(RECORDS, tmp_path / "drift.png", ["attention_drift"])
+    assert (tmp_path / "drift.png").is_file() and (tmp_path / "local.txt").read_text() == "drawn here"
+    assert len(children) == 2
+
+
+def test_a_child_that_hangs_is_ended_and_its_job_handed_back_to_the_parent(children, monkeypatch):
+    monkeypatch.setattr(drawing, "STALL_SECONDS", 0.5)
+    hang = (time.sleep, (60,), {})
+    started = time.monotonic()
+    assert drawing._draw_on_children([hang]) == [hang]
+    assert time.monotonic() - started < 30
+    assert len(children) == 1
+
+
+def test_an_interrupted_batch_ends_the_busy_children(tmp_path, children, monkeypatch):
+    """Their answers would otherwise be read as answers to a later batch's jobs."""
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drawing.select, "select", interrupted)
+    with pytest.raises(KeyboardInterrupt), drawing.batch():
+        draw_all(tmp_path)
+    assert children == []
+
+
+def test_without_matplotlib_no_child_starts(monkeypatch):
+    real = drawing.importlib.util.find_spec
+    monkeypatch.setattr(drawing.importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name))
+    drawing.start(2)
+    assert drawing._children == []
 
 
 def test_the_terminals_ctrl_c_reaches_the_parent_only(children):
