@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from maskjax import runs
@@ -53,8 +54,14 @@ def seen_accuracy(record: dict) -> float | None:
     two): acc_all = s * acc_seen + (1 - s) * acc_unseen, s the seen share of the cube."""
     if record.get("acc_all") is None or record.get("acc_unseen") is None:
         return None
-    share = seen_share(get_task(record["task"]))
+    share = _seen_share(record["task"])
     return (record["acc_all"] - (1.0 - share) * record["acc_unseen"]) / share
+
+
+@functools.cache
+def _seen_share(task: str) -> float:
+    """Once per task: the pages derive acc_seen for every Boolean record they read."""
+    return seen_share(get_task(task))
 
 
 def plateau_floor(records: Sequence[dict], floor: float = SEEN_FLOOR) -> dict:
