@@ -27,7 +27,6 @@ import signal
 import struct
 import subprocess
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -56,8 +55,8 @@ class _Child:
     def send(self, message: bytes) -> None:
         _write(self.process.stdin, message)
 
-    def receive(self) -> str | None:
-        """None when the job was drawn; the child's traceback when it failed. EOFError when the child died."""
+    def receive(self) -> bool:
+        """Whether the child drew its job (it failed on it if not). EOFError when the child died."""
         return pickle.loads(_read(self.process.stdout))
 
     def stop(self, busy: bool = False) -> None:
@@ -160,14 +159,16 @@ def _draw_on_children(jobs: list[tuple]) -> list[tuple]:
             ready, _, _ = select.select([c.process.stdout for c in busy], [], [], STALL_SECONDS)
             for child in list(busy) if not ready else [c for c in busy if c.process.stdout in ready]:
                 job = busy.pop(child)
-                try:
-                    failure = child.receive() if ready else "stalled"
-                except Exception:  # died, or wrote something that is not an answer
-                    failure = "died"
-                if failure is not None:
+                if not ready:  # stalled
                     again.append(job)
-                if failure in ("died", "stalled"):
-                    _drop(child, busy=failure == "stalled")
+                    _drop(child, busy=True)
+                    continue
+                try:
+                    if not child.receive():
+                        again.append(job)
+                except Exception:  # died, or wrote something that is not an answer
+                    again.append(job)
+                    _drop(child)
     except BaseException:
         for child in busy:
             _drop(child, busy=True)
@@ -200,8 +201,9 @@ def _read(pipe: BinaryIO) -> Any:
 
 
 def serve() -> None:
-    """The child: warm matplotlib up, then draw each job read from stdin and answer on stdout (None, or the
-    traceback of a failure) until stdin closes. Anything the figure code prints goes to stderr."""
+    """The child: warm matplotlib up, then draw each job read from stdin and answer on stdout whether it was
+    drawn, until stdin closes. Anything the figure code prints goes to stderr; a failure's traceback is
+    the parent's to show, when it draws the job again."""
     jobs = sys.stdin.buffer
     # Answers go to a copy of fd 1; fd 1 itself (and sys.stdout) becomes stderr, so that nothing the figure
     # code or a library writes to stdout, from Python or from C, lands in the answers.
@@ -222,10 +224,10 @@ def serve() -> None:
             return
         try:
             fn(*args, **kwargs)
-            answer = None
+            done = True
         except Exception:
-            answer = traceback.format_exc()
-        _write(answers, pickle.dumps(answer))
+            done = False
+        _write(answers, pickle.dumps(done))
 
 
 def _warm_up() -> None:
