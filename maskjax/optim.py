@@ -4,6 +4,7 @@ weight decay alone does to a parameter over a run."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -115,18 +116,39 @@ def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
     raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
 
 
-def decay_only_fraction(config: TrainConfig) -> float | None:
-    """The share of a mask logit that weight decay alone removes over a run: 1 - prod_t (1 - lr_t * wd).
+def decay_only_change(config: TrainConfig, initial: np.ndarray, dtype: str = "float64") -> np.ndarray:
+    """How far weight decay alone moves mask logits that start at `initial` over a run: |M_0 - M_T| per
+    entry, the run's own optax chain stepped `steps` times with a zero data gradient.
 
-    Why: AdamW's decay is decoupled, so with a zero gradient a logit m becomes m * prod_t (1 - lr_t * wd);
-    a mask's measured movement is read beside this, the rest being what the gradient did. None for Adam
-    with L2 and SGD, whose decay passes through the normalised or momentum step (no closed form)."""
-    if config.optimizer != "adamw":
-        return None
-    decay = config.weight_decay if config.mask_weight_decay is None else config.mask_weight_decay
-    rate = learning_rate(config)
-    rates = np.asarray(rate(jnp.arange(config.steps)) if callable(rate) else np.full(config.steps, rate), np.float64)
-    return float(1.0 - np.prod(1.0 - rates * decay))
+    Why: a learnable mask's measured movement is read beside this, the rest being what the gradient did.
+    AdamW's decoupled decay has a closed form, m * prod_t (1 - lr_t * wd), but Adam and SGD pass L2 decay
+    through their normalised or momentum step (with no data gradient Adam moves every logit by about the
+    learning rate per step), so the chain itself is stepped, for every optimizer alike. The chain is odd,
+    so an entry's path depends only on its magnitude: each distinct |M_0| is stepped once. dtype "float64"
+    gives the prediction free of rounding (over tens of thousands of steps that each move a logit by ~1e-5
+    of itself, float32 shifts it by ~1e-4 of itself); "float32" repeats training's own arithmetic, rounding
+    included, so a mask the data never moved matches it to the last bit."""
+    if dtype not in ("float32", "float64"):
+        raise ConfigError(f"decay alone is stepped in float32 or float64, not {dtype!r}")
+    magnitudes, where = np.unique(np.abs(np.asarray(initial, np.float64)), return_inverse=True)
+    start = magnitudes.astype(dtype).astype(np.float64)
+    moved = _decayed_alone(config, tuple(float(m) for m in start), dtype)
+    return np.abs(start - moved)[where].reshape(np.shape(initial))
+
+
+@functools.lru_cache(maxsize=64)
+def _decayed_alone(config: TrainConfig, magnitudes: tuple[float, ...], dtype: str) -> np.ndarray:
+    optimizer = make_optimizer(config)
+
+    def step(carry: tuple, _: None) -> tuple:
+        params, state = carry
+        updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, params), state, params)
+        return (optax.apply_updates(params, updates), state), None
+
+    with jax.enable_x64(dtype == "float64"):
+        params = {"mask_logits": jnp.asarray(magnitudes, dtype)}
+        run = jax.jit(lambda carry: jax.lax.scan(step, carry, length=config.steps)[0][0])
+        return np.asarray(run((params, optimizer.init(params)))["mask_logits"], np.float64)
 
 
 def _optimizer(config: TrainConfig) -> optax.GradientTransformation:

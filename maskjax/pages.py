@@ -26,7 +26,7 @@ import numpy as np
 from maskjax import probes, runs, store, tables
 from maskjax.errors import ConfigError
 from maskjax.methods import get_method
-from maskjax.optim import decay_only_fraction
+from maskjax.optim import decay_only_change
 
 BLOCK = re.compile(r"<!-- table (?P<kind>[\w-]+):(?P<params>[^\n]*?)-->\n(?P<body>.*?)<!-- end table -->", re.S)
 
@@ -155,34 +155,58 @@ def _ladder(records: Sequence[dict], params: dict[str, str], folder: Path) -> st
 
 
 def _decay(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
-    """A learnable mask's movement beside what weight decay alone would have done (issue 44): per method and
-    layer, the measured mean |M_T - M_0| at the end (`key`, default mask_change_mean), the decay-only
-    change (`train.decay_only_fraction` of the run's schedule times the layer's mean |M_0|, read from the
-    group's maps file `maps=TEMPLATE`, formatted with the record's fields, e.g. `{corpus}_{method}`), and
-    the rest, what the gradient moved. A frozen mask is not a parameter: decay never touches it."""
-    key, template = params.get("key", "mask_change_mean"), params["maps"]
-    rows: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    """A learnable mask's movement beside what weight decay alone would have done (issue 44): per method and layer
+    (after the fields `by` names, when several tasks share a table), the measured mean |M_T - M_0| at the end
+    (`key`, default mask_change_mean), the decay-only change (`optim.decay_only_change` under the run's optimizer
+    and schedule, averaged over the layer's entries) and the difference. The entries' M_0 come from the group's maps
+    file (`maps=TEMPLATE`, formatted with the record's fields, e.g. `{corpus}_{method}`) or, where every entry the
+    key averages starts at the same magnitude, from a field of the sweep's config (`magnitude=FIELD`, e.g.
+    open_value). The last column repeats the decay in float32, training's own arithmetic: a mask the data never
+    moved matches it to the printed digits. A frozen mask is not a parameter: decay never touches it."""
+    key, template, field = params.get("key", "mask_change_mean"), params.get("maps"), params.get("magnitude")
+    by = _names(params.get("by", ""))
+    if (template is None) == (field is None):
+        raise ConfigError("a decay table takes either maps=TEMPLATE or magnitude=FIELD")
+    rows: dict[tuple, list[tuple[float, float, float]]] = {}
     for r in records:
         mode = get_method(r["method"]).mask_mode
         if r.get(key) is None or mode == "none":
             continue
-        path = folder / r["source"] / "maps" / f"{template.format(**r)}.npz"
-        if not path.is_file():
-            raise ConfigError(f"a decay table needs the maps file {path}")
-        initial = store.read_maps(path)["mask_init"]
-        fraction = decay_only_fraction(runs.record_train_config(r))
-        for layer, measured in enumerate(r[key][-1]):
-            decayed = mode == "learnable" and fraction is not None
-            alone = fraction * float(np.abs(initial[layer]).mean()) if decayed else 0.0
-            rows.setdefault((r["method"], layer), []).append((measured, alone))
+        measured_L = r[key][-1]
+        alone_L = [(0.0, 0.0)] * len(measured_L)
+        if mode == "learnable":
+            config, initial_L = runs.record_train_config(r), _initial_masks(r, len(measured_L), folder, template, field)
+            alone_L = [
+                tuple(float(decay_only_change(config, initial, dtype).mean()) for dtype in ("float64", "float32"))
+                for initial in initial_L
+            ]
+        for layer, (measured, alone) in enumerate(zip(measured_L, alone_L, strict=True)):
+            rows.setdefault((*(r.get(b) for b in by), r["method"], layer), []).append((measured, *alone))
     if not rows:
         raise ConfigError(f"no record with a mask carries {key}")
-    lines = tables.markdown_head(["method", "layer", "seeds", "measured", "decay alone", "the rest (gradient)"])
-    for (method, layer), values in rows.items():
-        measured, alone = (float(np.mean(v)) for v in zip(*values, strict=True))
-        cells = [tables.cell(x, "mask_change") for x in (measured, alone, measured - alone)]
-        lines.append(tables.markdown_row([method, layer, len(values), *cells]))
+    head = ["measured", "decay alone", "measured - decay alone", "decay alone, float32"]
+    lines = tables.markdown_head([*by, "method", "layer", "seeds", *head])
+    for group, values in rows.items():
+        measured, alone, alone_float32 = (float(np.mean(v)) for v in zip(*values, strict=True))
+        cells = [tables.cell(x, "mask_change") for x in (measured, alone, measured - alone, alone_float32)]
+        lines.append(tables.markdown_row([*group, len(values), *cells]))
     return "\n".join(lines) + "\n"
+
+
+def _initial_masks(record: dict, layers: int, folder: Path, template: str | None, field: str | None) -> np.ndarray:
+    """M_0 per layer: the maps file's `mask_init`, or the config field's magnitude for every layer (0 for a
+    method whose mask starts at zero)."""
+    if template is None and get_method(record["method"]).mask_pattern == "zero":
+        return np.zeros((layers, 1))
+    if template is None:
+        value = store.sweep_config(record.get("config") or {}).get(field)
+        if not isinstance(value, int | float):
+            raise ConfigError(f"a decay table's magnitude={field} names no number in the sweep's config")
+        return np.full((layers, 1), value, np.float64)
+    path = folder / record["source"] / "maps" / f"{template.format(**record)}.npz"
+    if not path.is_file():
+        raise ConfigError(f"a decay table needs the maps file {path}")
+    return store.read_maps(path)["mask_init"]
 
 
 Kind = Callable[[Sequence[dict], dict[str, str], Path], str]  # records, the block's parameters, the page's folder
@@ -193,7 +217,7 @@ KINDS: dict[str, tuple[Kind, tuple[str, ...]]] = {
     "count": (_count, ()),
     "values": (_values, ("by", "fields")),
     "ladder": (_ladder, ("family", "key")),
-    "decay": (_decay, ("maps",)),
+    "decay": (_decay, ()),
 }
 
 

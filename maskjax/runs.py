@@ -206,7 +206,7 @@ def loss_fall(record: dict) -> float | None:
 
 
 def record_train_config(record: dict) -> TrainConfig:
-    """The schedule and decay a run trained with, read from its record (for `train.decay_only_fraction`).
+    """The schedule and decay a run trained with, read from its record (for `optim.decay_only_change`).
     Records carry weight_decay, schedule and warmup_steps since issue 44; an older record gives them through
     its config: the Boolean study trained at a constant rate, the others with cosine decay after a warmup of
     warmup_fraction of the steps (as the vision and language configs' train_config computes it)."""

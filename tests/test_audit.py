@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from experiments import audit
@@ -267,44 +268,116 @@ def test_the_cyclic3_floor_reads_the_seen_points_from_the_whole_cube_and_the_uns
     assert f"| vanilla | {seeds} |" in page.read_text()
 
 
-def test_decay_alone_is_the_closed_form_of_adamw_with_a_zero_gradient(tmp_path):
-    """Decoupled decay with a zero gradient multiplies a logit by (1 - lr_t * wd) each step: the closed form
-    equals optax.adamw stepped with zero gradients, and the page table puts it beside the measured change."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
+def _adam_l2_alone(m, steps, lr, wd, b1=0.9, b2=0.999, eps=1e-8):
+    """Adam with L2 decay and no data gradient, in float64: the gradient is wd * m alone."""
+    mu = nu = 0.0
+    for t in range(1, steps + 1):
+        g = wd * m
+        mu, nu = b1 * mu + (1 - b1) * g, b2 * nu + (1 - b2) * g * g
+        m -= lr * (mu / (1 - b1**t)) / (np.sqrt(nu / (1 - b2**t)) + eps)
+    return m
 
-    from maskjax import store
-    from maskjax.optim import TrainConfig, decay_only_fraction, make_optimizer
-    from maskjax.runs import record_train_config
+
+def _sgd_l2_alone(m, steps, lr, wd, momentum=0.9):
+    trace = 0.0
+    for _ in range(steps):
+        trace = momentum * trace + wd * m
+        m -= lr * trace
+    return m
+
+
+@pytest.mark.parametrize("initial", [np.array([10.0, -10.0, 4.0, 0.0]), np.array([[2.5, -0.5], [0.5, 7.0]])])
+def test_decay_alone_steps_the_runs_own_optimizer_against_float64_references(initial):
+    """AdamW's decoupled decay has the closed form m * prod_t (1 - lr_t * wd); Adam and SGD take L2 decay
+    through their step (Adam: about the learning rate per step). Each entry moves by its magnitude's path."""
+    from maskjax.optim import TrainConfig, decay_only_change
 
     config = TrainConfig(50, learning_rate=0.1, weight_decay=0.3, optimizer="adamw", schedule="cosine", warmup_steps=5)
-    params = {"mask_logits": jnp.asarray([10.0, -10.0, 4.0])}
+    t = np.arange(50, dtype=np.float64)  # optax's warmup_cosine_decay_schedule, in float64
+    rates = np.where(t < 5, 0.1 * t / 5, 0.1 * 0.5 * (1 + np.cos(np.pi * (t - 5) / 45)))
+    kept = np.prod(1 - rates * 0.3)
+    np.testing.assert_allclose(decay_only_change(config, initial), np.abs(initial) * (1 - kept), rtol=1e-8)
+    assert decay_only_change(config, initial).shape == initial.shape
+
+    adam = TrainConfig(300, learning_rate=0.01, weight_decay=1e-3, optimizer="adam")
+    expected = np.abs(initial).ravel() - np.array([_adam_l2_alone(m, 300, 0.01, 1e-3) for m in np.abs(initial).ravel()])
+    np.testing.assert_allclose(decay_only_change(adam, initial).ravel(), expected, rtol=1e-9, atol=1e-12)
+    assert 0.9 * 3.0 < decay_only_change(adam, np.array([10.0]))[0] <= 3.0  # about lr per step, at most
+
+    sgd = TrainConfig(40, learning_rate=0.05, weight_decay=0.1, optimizer="sgd")
+    expected = np.abs(initial).ravel() - np.array([_sgd_l2_alone(m, 40, 0.05, 0.1) for m in np.abs(initial).ravel()])
+    np.testing.assert_allclose(decay_only_change(sgd, initial).ravel(), expected, rtol=1e-9, atol=1e-12)
+
+    exempt = TrainConfig(50, optimizer="adamw", mask_weight_decay=0.0, weight_decay=0.3, learning_rate=0.1)
+    np.testing.assert_array_equal(decay_only_change(exempt, initial), 0.0)
+
+
+def test_decay_alone_in_float32_repeats_trainings_arithmetic_to_the_last_bit():
+    """Stepped one update at a time in float32, as training steps a mask whose data gradient is zero."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from maskjax.optim import TrainConfig, decay_only_change, make_optimizer
+
+    config = TrainConfig(300, learning_rate=1e-3, weight_decay=1e-3, optimizer="adam")
+    params = {"mask_logits": jnp.asarray([10.0, 0.3], jnp.float32)}
     optimizer = make_optimizer(config)
     state, moved = optimizer.init(params), params
     for _ in range(config.steps):
         updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, moved), state, moved)
         moved = optax.apply_updates(moved, updates)
-    fraction = decay_only_fraction(config)
-    np.testing.assert_allclose(moved["mask_logits"], params["mask_logits"] * (1 - fraction), rtol=1e-5)
-    assert decay_only_fraction(TrainConfig(50, optimizer="adam")) is None  # L2 through Adam: no closed form
-    assert decay_only_fraction(TrainConfig(50, optimizer="adamw", mask_weight_decay=0.0)) == 0.0
+    by_hand = np.abs(np.asarray(params["mask_logits"], np.float64) - np.asarray(moved["mask_logits"], np.float64))
+    np.testing.assert_array_equal(decay_only_change(config, np.array([10.0, 0.3]), "float32"), by_hand)
+    assert not np.array_equal(decay_only_change(config, np.array([10.0, 0.3])), by_hand)  # float64: no rounding
+    with pytest.raises(ConfigError, match="float32 or float64"):
+        decay_only_change(config, np.array([1.0]), "bfloat16")
 
+
+def test_the_decay_table_puts_decay_alone_beside_the_measured_change(tmp_path):
+    from maskjax import store
+    from maskjax.optim import TrainConfig, decay_only_change
+    from maskjax.runs import record_train_config
+
+    config = TrainConfig(50, learning_rate=0.1, weight_decay=0.3, optimizer="adamw", schedule="cosine", warmup_steps=5)
     run = {"method": "mask", "seed": 0, "steps": 50, "learning_rate": 0.1, "optimizer": "adamw",
            "mask_weight_decay": None, "config": {"weight_decay": 0.3, "warmup_fraction": 0.1},
            "mask_change_mean": [[0.0, 0.0], [2.0, 1.0]]}  # fmt: skip
     assert record_train_config(run) == config  # an older record: its schedule from its config
     frozen = {**run, "method": "mask_fixed", "mask_change_mean": [[0.0, 0.0], [0.0, 0.0]]}
     _folder(tmp_path, "run", [run, frozen])
-    store.write_maps(tmp_path / "run" / "maps" / "g_mask.npz", {"mask_init": np.full((2, 3), -8.0)})
-    store.write_maps(tmp_path / "run" / "maps" / "g_mask_fixed.npz", {"mask_init": np.full((2, 3), -8.0)})
+    initial = np.array([[-8.0, 8.0, 2.0], [-8.0, -8.0, -8.0]])
+    store.write_maps(tmp_path / "run" / "maps" / "g_mask.npz", {"mask_init": initial})
+    store.write_maps(tmp_path / "run" / "maps" / "g_mask_fixed.npz", {"mask_init": initial})
     page = tmp_path / "decay.md"
     page.write_text("<!-- table decay: from=run maps=g_{method} -->\n<!-- end table -->\n")
     assert audit.main([str(page), "--write"]) == 0
-    alone = 8 * fraction
-    assert f"| mask | 0 | 1 | 2 | {alone:.4g} | {2 - alone:.4g} |" in page.read_text()
-    assert "| mask_fixed | 1 | 1 | 0 | 0 | 0 |" in page.read_text()  # a frozen mask is never decayed
+    layer0, layer1 = (float(decay_only_change(config, m).mean()) for m in initial)
+    layer0_32, layer1_32 = (float(decay_only_change(config, m, "float32").mean()) for m in initial)
+    assert layer0 != pytest.approx(layer1)  # each layer's own entries
+    assert f"| mask | 0 | 1 | 2 | {layer0:.4g} | {2 - layer0:.4g} | {layer0_32:.4g} |" in page.read_text()
+    assert f"| mask | 1 | 1 | 1 | {layer1:.4g} | {1 - layer1:.4g} | {layer1_32:.4g} |" in page.read_text()
+    assert "| mask_fixed | 1 | 1 | 0 | 0 | 0 | 0 |" in page.read_text()  # a frozen mask is never decayed
+
+    boolean = {**run, "optimizer": "adam", "config": {"weight_decay": 1e-3, "open_value": 10.0}, "task": "a",
+               "mask_change_open_mean": [[0.0], [0.5]]}  # fmt: skip
+    zero = {**boolean, "method": "mask_zero", "mask_change_open_mean": [[0.0], [0.25]]}  # starts at 0: no decay
+    longer = {**boolean, "task": "b", "steps": 80}
+    _folder(tmp_path, "boolean", [boolean, zero, longer])
+    alone, alone_b = (float(decay_only_change(record_train_config(r), np.array([10.0]))[0]) for r in (boolean, longer))
+    alone_32, alone_b_32 = (
+        float(decay_only_change(record_train_config(r), np.array([10.0]), "float32")[0]) for r in (boolean, longer)
+    )
+    block = "<!-- table decay: from=boolean key=mask_change_open_mean {} -->\n<!-- end table -->\n"
+    page.write_text(block.format("magnitude=open_value by=task"))
+    assert audit.main([str(page), "--write"]) == 0
+    assert f"| a | mask | 0 | 1 | 0.5 | {alone:.4g} | {0.5 - alone:.4g} | {alone_32:.4g} |" in page.read_text()
+    assert f"| b | mask | 0 | 1 | 0.5 | {alone_b:.4g} | {0.5 - alone_b:.4g} | {alone_b_32:.4g} |" in page.read_text()
+    assert "| a | mask_zero | 0 | 1 | 0.25 | 0 | 0.25 | 0 |" in page.read_text()
+    for params, message in [("maps=g magnitude=open_value", "either"), ("", "either"), ("magnitude=lr", "no number")]:
+        page.write_text(block.format(params))
+        with pytest.raises(ConfigError, match=message):
+            audit.main([str(page), "--write"])
 
 
 def test_a_paired_effect_is_the_mean_difference_by_seed_with_its_t_interval():
