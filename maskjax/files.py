@@ -15,7 +15,7 @@ def _umask() -> int:
     return mask
 
 
-def publish(tmp: str, path: Path) -> None:
+def _publish(tmp: str, path: Path) -> None:
     """Give the temp file the mode a plain open() would have (mkstemp makes it 0600), then rename it."""
     os.chmod(tmp, 0o666 & ~_umask())
     os.replace(tmp, path)
@@ -30,7 +30,7 @@ def replacing(path: Path, suffix: str = ".tmp") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
-        publish(tmp, path)
+        _publish(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
 
