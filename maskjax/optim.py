@@ -116,18 +116,36 @@ def learning_rate(config: TrainConfig) -> optax.ScalarOrSchedule:
     raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
 
 
+def learning_rates(config: TrainConfig) -> np.ndarray:
+    """The rate of each of the run's steps, in numpy float64, as `learning_rate`'s optax schedule gives them.
+
+    Why: XLA's own cosine moves with its optimisation level by ~1e-9 of a rate, enough to move the last
+    printed digit of a prediction built on it (`decay_only_change`)."""
+    steps, rate, warmup = config.steps, config.learning_rate, config.warmup_steps
+    t = np.arange(steps, dtype=np.float64)
+    if config.schedule == "constant":
+        return np.full(steps, rate, np.float64)
+    if config.schedule != "cosine":
+        raise ConfigError(f"unknown schedule {config.schedule!r}; expected 'constant' or 'cosine'")
+    span = max(1, max(1, steps) - warmup)
+    cosine = 0.5 * rate * (1 + np.cos(np.pi * np.minimum(t - warmup, span) / span))
+    return np.where(t < warmup, rate * t / max(1, warmup), cosine)
+
+
 def decay_only_change(config: TrainConfig, initial: np.ndarray, dtype: str = "float64") -> np.ndarray:
     """How far weight decay alone moves mask logits that start at `initial` over a run: |M_0 - M_T| per
-    entry, the run's own optax chain stepped `steps` times with a zero data gradient.
+    entry, the run's optax chain stepped `steps` times with a zero data gradient.
 
     Why: a learnable mask's measured movement is read beside this, the rest being what the gradient did.
     AdamW's decoupled decay has a closed form, m * prod_t (1 - lr_t * wd), but Adam and SGD pass L2 decay
     through their normalised or momentum step (with no data gradient Adam moves every logit by about the
-    learning rate per step), so the chain itself is stepped, for every optimizer alike. The chain is odd,
-    so an entry's path depends only on its magnitude: each distinct |M_0| is stepped once. dtype "float64"
-    gives the prediction free of rounding (over tens of thousands of steps that each move a logit by ~1e-5
-    of itself, float32 shifts it by ~1e-4 of itself); "float32" repeats training's own arithmetic, rounding
-    included, so a mask the data never moved matches it to the last bit."""
+    learning rate per step), so the chain itself is stepped, for every optimizer alike: at a unit rate,
+    each step's update scaled by `learning_rates` (every chain here scales by the rate last). The chain is
+    odd, so an entry's path depends only on its magnitude: each distinct |M_0| is stepped once. dtype
+    "float64" gives the prediction free of rounding (over tens of thousands of steps that each move a logit
+    by ~1e-5 of itself, float32 shifts it by ~1e-4 of itself); "float32" repeats training's own arithmetic,
+    rounding included, so a mask the data never moved matches it to the last bit (under a cosine schedule,
+    up to a rate that optax's float32 rounds an ulp apart)."""
     if dtype not in ("float32", "float64"):
         raise ConfigError(f"decay alone is stepped in float32 or float64, not {dtype!r}")
     magnitudes, where = np.unique(np.abs(np.asarray(initial, np.float64)), return_inverse=True)
@@ -138,17 +156,18 @@ def decay_only_change(config: TrainConfig, initial: np.ndarray, dtype: str = "fl
 
 @functools.lru_cache(maxsize=64)
 def _decayed_alone(config: TrainConfig, magnitudes: tuple[float, ...], dtype: str) -> np.ndarray:
-    optimizer = make_optimizer(config)
+    optimizer = make_optimizer(dataclasses.replace(config, learning_rate=1.0, schedule="constant", warmup_steps=0))
 
-    def step(carry: tuple, _: None) -> tuple:
+    def step(carry: tuple, rate: jax.Array) -> tuple:
         params, state = carry
         updates, state = optimizer.update(jax.tree.map(jnp.zeros_like, params), state, params)
-        return (optax.apply_updates(params, updates), state), None
+        return (jax.tree.map(lambda p, u: p + rate * u, params, updates), state), None
 
     with jax.enable_x64(dtype == "float64"):
         params = {"mask_logits": jnp.asarray(magnitudes, dtype)}
-        run = jax.jit(lambda carry: jax.lax.scan(step, carry, length=config.steps)[0][0])
-        return np.asarray(run((params, optimizer.init(params)))["mask_logits"], np.float64)
+        rates = jnp.asarray(learning_rates(config), dtype)
+        run = jax.jit(lambda carry, rates: jax.lax.scan(step, carry, rates)[0][0])
+        return np.asarray(run((params, optimizer.init(params)), rates)["mask_logits"], np.float64)
 
 
 def _optimizer(config: TrainConfig) -> optax.GradientTransformation:

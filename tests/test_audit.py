@@ -312,6 +312,21 @@ def test_decay_alone_steps_the_runs_own_optimizer_against_float64_references(ini
     np.testing.assert_array_equal(decay_only_change(exempt, initial), 0.0)
 
 
+@pytest.mark.parametrize(
+    "schedule, warmup, steps", [("constant", 0, 7), ("cosine", 0, 50), ("cosine", 5, 50), ("cosine", 3, 4)]
+)
+def test_learning_rates_are_the_optax_schedules_steps(schedule, warmup, steps):
+    from maskjax.optim import TrainConfig, learning_rate, learning_rates
+
+    config = TrainConfig(steps, learning_rate=0.3, schedule=schedule, warmup_steps=warmup)
+    rate = learning_rate(config)
+    expected = [rate(t) if callable(rate) else rate for t in range(steps)]
+    rates = learning_rates(config)
+    assert rates.dtype == np.float64 and rates.shape == (steps,)
+    # optax evaluates in float32: 1 + cos(x) near x = pi loses ~1e-7 of the peak rate to cancellation
+    np.testing.assert_allclose(rates, np.asarray(expected, np.float64), rtol=1e-6, atol=1e-7 * 0.3)
+
+
 def test_decay_alone_in_float32_repeats_trainings_arithmetic_to_the_last_bit():
     """Stepped one update at a time in float32, as training steps a mask whose data gradient is zero."""
     import jax
