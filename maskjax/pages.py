@@ -76,17 +76,22 @@ def _split_path(path: str) -> list[str]:
     return re.findall(r"@\d+(?:\.\d+)?|[^.]+", path)
 
 
+# The steps each curve was recorded at, where they are not the probes' `drift_steps`.
+CURVE_STEPS = {"train_loss_curve": "train_loss_steps"}
+
+
 def field_value(record: dict, path: str) -> float | None:
     """A field, or an entry of a list field: `degree_profile.1`, `attention_drift.-1.0` (the last probe,
     layer 0), `attention_drift.-1.max` (the largest over the last axis), `attention_drift.@0.25.0` (the
-    probe nearest 25% of the run's steps, by its `drift_steps`); None when the record lacks it."""
+    probe nearest 25% of the run's steps, by its `drift_steps`, or by the curve's own steps in
+    CURVE_STEPS); None when the record lacks it."""
     name, *steps = _split_path(path)
     value = record.get(name)
     for step in steps:
         if value is None:
             return None
         if step.startswith("@"):
-            probe_steps = np.asarray(record["drift_steps"], np.float64)
+            probe_steps = np.asarray(record[CURVE_STEPS.get(name, "drift_steps")], np.float64)
             value = value[int(np.argmin(np.abs(probe_steps - float(step[1:]) * record["steps"])))]
         elif step in ("max", "min", "mean"):
             value = float(getattr(np, step)(np.asarray(value, np.float64)))

@@ -142,6 +142,10 @@ def test_field_paths_and_filters():
     assert pages.field_value(record, "attention_drift.-1.0") == 0.08
     assert pages.field_value(record, "attention_drift.-1.max") == 0.3
     assert pages.field_value(record, "degree_profile.0") is None
+    curve = {"steps": 100, "drift_steps": [0, 50, 100], "train_loss_curve": [3.0, 2.0, 1.0, 0.5],
+             "train_loss_steps": [25, 50, 75, 100]}
+    assert pages.field_value(curve, "train_loss_curve.@0.25") == 3.0
+    assert pages.field_value(curve, "train_loss_curve.@0.75") == 1.0
     assert [r["seed"] for r in pages.select(RECORDS, "method:mask;seed:1|2")] == [1]
 
 
