@@ -62,8 +62,11 @@ def _per_seed(records: Sequence[dict], params: dict[str, str], folder: Path) -> 
 
 def _paired(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:
     lower, keys, across = params.get("lower") == "true", _names(params["key"]), params.get("across", "method")
-    records = _with_paths(records, keys)
-    return tables.paired_table(records, keys, params["reference"], _names(params["by"]), lower, across)
+    reference = params["reference"]
+    table = tables.paired_table(_with_paths(records, keys), keys, reference, _names(params["by"]), lower, across)
+    if not table:
+        raise ConfigError(f"no seed pairs {reference} with another {across} on {', '.join(keys)}")
+    return table
 
 
 def _count(records: Sequence[dict], params: dict[str, str], folder: Path) -> str:

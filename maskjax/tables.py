@@ -101,7 +101,8 @@ def paired_table(
     """`reference` against every other value of `across` (the method, or e.g. the source folder of one
     method run two ways), seed by seed, within each group (group_by without `across`): the mean difference
     in key, wins / losses / ties (a win: higher, or lower with lower_is_better, as for perplexity) and the
-    two-sided sign test. Several keys (one per layer, say) give one table with a `key` column."""
+    two-sided sign test. Several keys (one per layer, say) give one table with a `key` column. Empty when no
+    seed pairs the reference with another value (a folder with one method), so a summary leaves it out."""
     keys = [key] if isinstance(key, str) else list(key)
     keyed: dict[tuple, dict[str, dict[str, dict[int, float]]]] = {}
     for r in records:
@@ -120,6 +121,7 @@ def paired_table(
         "",
         *markdown_head(header),
     ]
+    rows = []
     for group, by_key in keyed.items():
         for k, runs in by_key.items():
             ours, scale = runs.get(reference, {}), 100 if is_accuracy(k) else 1
@@ -131,7 +133,7 @@ def paired_table(
                 wins, losses = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
                 if lower_is_better:
                     wins, losses = losses, wins
-                lines.append(
+                rows.append(
                     markdown_row(
                         [
                             *group,
@@ -143,7 +145,7 @@ def paired_table(
                         ]
                     )
                 )
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *rows]) + "\n" if rows else ""
 
 
 MDI_MARGIN = 0.005
@@ -198,4 +200,3 @@ def count_table(
         cells = [str(n), f"{reach}/{n}", f"{above}/{n}", f"{perfect}/{n}", test]
         lines.append(markdown_row([*group, *cells]))
     return "\n".join(lines) + "\n"
-

@@ -135,3 +135,15 @@ def test_paired_table_compares_one_method_across_source_folders():
     table = tables.paired_table(records, "seq_acc", "scale1", ("method",), across="source")
     assert "| method | source | scale1 - source (mean) | wins / losses / ties | sign test p |" in table
     assert "| qk_opt | scale5 | +23.3 | 2 / 1 / 0 | 1 |" in table and "scale1 against each source" in table
+
+
+def test_paired_table_is_empty_when_no_seed_pairs_the_reference_and_a_page_says_so(tmp_path):
+    """A folder with one method (the title groups run one per folder) has nothing to pair: the summary leaves
+    the table out rather than print a header with no rows; a results page asking for it gets one clear error."""
+    from maskjax import pages
+    from maskjax.errors import ConfigError
+
+    alone = [{"corpus": "c", "method": "qk_svd", "seed": s, "test_ppl": 10.0 + s} for s in range(3)]
+    assert tables.paired_table(alone, "test_ppl", "mask", ("corpus",)) == ""
+    with pytest.raises(ConfigError, match="no seed pairs mask with another method on test_ppl"):
+        pages._paired(alone, {"key": "test_ppl", "reference": "mask", "by": "corpus"}, tmp_path)

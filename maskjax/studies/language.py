@@ -463,7 +463,7 @@ class LanguageStudy(Study):
             tables.per_seed_table(records, "test_ppl", GROUPS),
             tables.per_seed_table(records, "test_bpb", GROUPS),
         ]
-        return "\n".join(parts), table
+        return "\n".join(part for part in parts if part), table
 
     def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
         plots.plot_step_curves(records, plan.out / "curves.png", CURVE_KEYS)

@@ -443,7 +443,7 @@ class VisionStudy(Study):
             tables.paired_table(records, "test_acc", "mask", ("dataset", "train_fraction")),
             tables.per_seed_table(records, "test_acc", GROUPS),
         ]
-        return "\n".join(parts), table
+        return "\n".join(part for part in parts if part), table
 
     def plot(self, plan: Plan, records: list[dict], reference: list[dict], maps) -> None:
         data, task = plan.data.images, plan.data.task
