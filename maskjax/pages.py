@@ -6,9 +6,10 @@ A generated table sits between two markers that the generator owns:
     | ... the table, as `render` writes it ... |
     <!-- end table -->
 
-`from` lists result folders (relative to the page's own folder) whose results.jsonl are read and joined
-(each record gains its folder's name as `source`, a field `by` and `where` can use, and its end-of-run
-values, `maskjax.probes.end_of_run`);
+`from` lists result folders (relative to the page's own folder; `PARENT/*` stands for each subfolder of
+PARENT that holds results, in name order) whose results.jsonl are read and joined (each record gains
+its folder's name as `source`, a field `by` and `where` can use, and its end-of-run values,
+`maskjax.probes.end_of_run`);
 `where=field:value;field:value` keeps the records whose field prints as value (a value may be a `|`
 list of choices); `method_as=FOLDER:NAME` shows a folder's records as method NAME (`method_as`); the other
 parameters belong to the table's kind (`KINDS`). `refresh(page)` rewrites
@@ -265,9 +266,25 @@ def with_derived(record: dict, source: str) -> dict:
     return {"source": source, **probes.end_of_run(record), **derived, **record}
 
 
+def source_folders(folder: Path, sources: str) -> list[str]:
+    """The `from` list with each `PARENT/*` replaced by PARENT's subfolders that hold a results.jsonl, in
+    name order, so a page whose runs share a parent (one method per folder) names them once."""
+    names = []
+    for name in _names(sources):
+        if not name.endswith("/*"):
+            names.append(name)
+            continue
+        parent = name[:-2]
+        found = sorted(p.parent.name for p in (folder / parent).glob("*/results.jsonl"))
+        if not found:
+            raise ConfigError(f"a table names {name}, but no folder under {folder / parent} holds a results.jsonl")
+        names.extend(f"{parent}/{child}" for child in found)
+    return names
+
+
 def records_of(folder: Path, sources: str, where: str = "") -> list[dict]:
     found = []
-    for name in _names(sources):
+    for name in source_folders(folder, sources):
         path = folder / name / "results.jsonl"
         if not path.is_file():
             raise ConfigError(f"a table names {name}, but {path} does not exist")

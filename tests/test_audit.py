@@ -137,6 +137,23 @@ def test_one_method_run_two_ways_is_paired_against_itself(site):
         pages.render("paired", {**params, "method_as": "elsewhere:x"}, site.parent, pages.KINDS)
 
 
+def test_a_parent_star_names_each_run_folder_under_it_in_name_order(site):
+    """`title/*` reads the same records as its subfolders listed by hand, in name order, and skips a
+    folder with no results (a run's replaced/ or plots)."""
+    for name, method in [("vanilla", "vanilla"), ("mask", "mask")]:
+        (site.parent / "title" / name).mkdir(parents=True)
+        chosen = [r for r in RECORDS if r["method"] == method]
+        (site.parent / "title" / name / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chosen))
+    (site.parent / "title" / "plots").mkdir()
+    assert pages.source_folders(site.parent, "run,title/*") == ["run", "title/mask", "title/vanilla"]
+    params = {"by": "method", "keys": "acc_all"}
+    by_hand = pages.render("summary", {**params, "from": "title/mask,title/vanilla"}, site.parent, pages.KINDS)
+    assert pages.render("summary", {**params, "from": "title/*"}, site.parent, pages.KINDS) == by_hand
+    assert by_hand.index("| mask |") < by_hand.index("| vanilla |")
+    with pytest.raises(ConfigError, match="no folder under .*plots holds a results.jsonl"):
+        pages.records_of(site.parent, "title/plots/*")
+
+
 def test_field_paths_and_filters():
     record = RECORDS[0]
     assert pages.field_value(record, "attention_drift.-1.0") == 0.08
