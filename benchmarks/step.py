@@ -171,7 +171,9 @@ def seconds_per_step(chunk, state, data, steps: int, repeats: int, chunk_steps: 
 
     With chunk_steps, what a chunk costs besides its steps (drawing its epochs' example orders, a sort
     per epoch; the call itself), timed on empty chunks, is spread over chunk_steps steps as training
-    spreads it, not over the `steps` timed here."""
+    spreads it, not over the `steps` timed here. Where the steps cost less than the timer's noise (a few
+    tiny steps), the empty chunk can time slower than the full one; the steps then count as free rather
+    than negative."""
 
     def best_of(n_steps: int) -> float:
         nonlocal state
@@ -189,7 +191,7 @@ def seconds_per_step(chunk, state, data, steps: int, repeats: int, chunk_steps: 
     if chunk_steps is None:
         return float(timed / steps)
     overhead = best_of(0)
-    return float((timed - overhead) / steps + overhead / chunk_steps)
+    return float(max(timed - overhead, 0.0) / steps + overhead / chunk_steps)
 
 
 def cost(compiled) -> dict:

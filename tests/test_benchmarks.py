@@ -1,6 +1,10 @@
 import json
+import time
 
+import jax.numpy as jnp
 import pytest
+
+from benchmarks.step import seconds_per_step
 
 
 def test_train_step_benchmark_prints_tables_and_a_json_line(cli):
@@ -16,6 +20,17 @@ def test_train_step_benchmark_prints_tables_and_a_json_line(cli):
     assert summary["seeds"][1]["flops_per_step"] > summary["seeds"][0]["flops_per_step"]
     assert summary["matmul_peak_flops"] > 0 and summary["devices"] and summary["git_commit"]
     assert "| seeds | s/step | seed-steps/s | vs sequential |" in result.stdout
+
+
+def test_steps_cheaper_than_the_timers_noise_count_as_free_not_negative():
+    """A chunk's fixed cost is timed on empty chunks; when an empty chunk times slower than a full one
+    (tiny steps, one repeat), the step time is that fixed cost spread over the chunk, never below zero."""
+    def chunk(state, data, start, n_steps):
+        time.sleep(0.05 if int(n_steps) == 0 else 0.01)
+        return state, jnp.zeros(1)
+
+    seconds = seconds_per_step(chunk, None, None, steps=2, repeats=1, chunk_steps=10)
+    assert 0.05 / 10 <= seconds < 0.05
 
 
 def test_train_step_benchmark_refuses_a_bad_dtype(main):
